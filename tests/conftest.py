@@ -1,0 +1,75 @@
+"""Shared fixtures: small random Hugging Face models saved to disk, the oracle for our loaders."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+# Each entry: (transformers class name, config class name, config kwargs). Sizes are tiny so
+# the whole oracle suite runs in seconds, but every architectural feature is exercised.
+ORACLE_CONFIGS = {
+    "gpt2": ("GPT2LMHeadModel", "GPT2Config",
+             dict(vocab_size=320, n_embd=64, n_layer=2, n_head=4, n_positions=128)),
+    "llama-gqa-untied": ("LlamaForCausalLM", "LlamaConfig",
+                         dict(vocab_size=320, hidden_size=64, intermediate_size=160,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                              max_position_embeddings=256, tie_word_embeddings=False)),
+    "llama-mqa-tied": ("LlamaForCausalLM", "LlamaConfig",
+                       dict(vocab_size=320, hidden_size=64, intermediate_size=160,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                            max_position_embeddings=256, tie_word_embeddings=True)),
+    "llama3-rope-scaling": ("LlamaForCausalLM", "LlamaConfig",
+                            dict(vocab_size=320, hidden_size=64, intermediate_size=160,
+                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                 max_position_embeddings=256, rope_theta=500000.0,
+                                 rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                               "original_max_position_embeddings": 64})),
+    "llama-head-dim": ("LlamaForCausalLM", "LlamaConfig",
+                       dict(vocab_size=320, hidden_size=64, intermediate_size=160, head_dim=32,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            max_position_embeddings=256)),
+    "qwen2-bias": ("Qwen2ForCausalLM", "Qwen2Config",
+                   dict(vocab_size=320, hidden_size=64, intermediate_size=160,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=256, tie_word_embeddings=True)),
+    "mistral": ("MistralForCausalLM", "MistralConfig",
+                dict(vocab_size=320, hidden_size=64, intermediate_size=160,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     max_position_embeddings=256, sliding_window=None)),
+}
+
+
+def build_hf_model(name: str, folder: Path, dtype=None):
+    """Create a random transformers model from ORACLE_CONFIGS[name], save it, return it (eval)."""
+    import torch
+    import transformers
+
+    model_cls, config_cls, kwargs = ORACLE_CONFIGS[name]
+    config = getattr(transformers, config_cls)(
+        **kwargs, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(sum(map(ord, name)))
+    model = getattr(transformers, model_cls)(config).eval()
+    if dtype is not None:
+        model = model.to(dtype)
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="session")
+def oracle_model(tmp_path_factory):
+    """Factory: name -> (folder, transformers model in float32), cached per session."""
+    cache: dict[str, tuple[Path, object]] = {}
+
+    def get(name: str):
+        if name not in cache:
+            folder = tmp_path_factory.mktemp(name)
+            cache[name] = (folder, build_hf_model(name, folder))
+        return cache[name]
+
+    return get

@@ -1,0 +1,341 @@
+"""The Engine: requests in, one scheduled batch per `step()`, tokens and traces out.
+
+    add_request ─▶ Scheduler (waiting → running) ─▶ Batch ─▶ runner.forward ─▶ logits
+        ▲                                                                     │
+        └──────── text, finish, StepTrace ◀── stops ◀── sample_next ◀─────────┘
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence as Seq
+
+import numpy as np
+
+from tinyinfer.errors import ContextOverflowError, OutOfPagesError, PromptError, TinyInferError
+from tinyinfer.kv import PagePool
+from tinyinfer.loading import Model, check_token_ids
+from tinyinfer.model.runner import make_batch
+from tinyinfer.sampling import SamplingParams, TokenChoice, find_stop, sample_next, stop_holdback
+from tinyinfer.scheduler import Chunk, Scheduler, SchedulerConfig, Sequence
+from tinyinfer.tokenizer import IncrementalDecoder
+from tinyinfer.trace import Candidate, PoolView, SeqStep, StepTrace
+
+DEFAULT_KV_MEMORY = 256 * 1024 * 1024
+
+
+@dataclass
+class RequestMetrics:
+    """Wall-clock moments of one request (seconds, time.perf_counter)."""
+
+    arrival: float
+    first_token: float | None = None
+    finished: float | None = None
+    cached_tokens: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+
+@dataclass
+class Completion:
+    """The result of one request."""
+
+    request_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+    metrics: RequestMetrics | None = None
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    decoder: IncrementalDecoder | None
+    metrics: RequestMetrics
+    text: str = ""
+    streamed: int = 0  # characters of text already handed to a stream
+    choices: list[TokenChoice] = field(default_factory=list)
+
+
+class Engine:
+    """Continuous-batching engine over one model and one paged KV cache."""
+
+    def __init__(self, model: Model, *, num_pages: int | None = None, block_size: int = 16,
+                 max_num_seqs: int = 16, max_num_batched_tokens: int = 512,
+                 enable_prefix_caching: bool = True, batching: str = "continuous",
+                 kv_allocation: str = "paged", kv_cache_memory: int = DEFAULT_KV_MEMORY,
+                 seed: int = 0):
+        self.model = model
+        config = model.config
+        if num_pages is None:
+            page_bytes = config.kv_bytes_per_token(bytes_per_value=4) * block_size
+            full_context = math.ceil(config.max_model_len / block_size)
+            num_pages = max(kv_cache_memory // page_bytes, full_context)
+        self.pool = PagePool(num_pages, block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                            batching=batching, kv_allocation=kv_allocation,
+                            max_model_len=config.max_model_len),
+            self.pool,
+        )
+        self.kv_cache = model.runner.new_kv_cache(num_pages, block_size)
+        self._requests: dict[str, _Request] = {}
+        self._seq_ids = itertools.count()
+        self._rng = np.random.default_rng(seed)
+        self.step_count = 0
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue a prompt (text or token ids); it joins the running batch at a coming step."""
+        params = params or SamplingParams()
+        if isinstance(prompt, str):
+            if not prompt:
+                raise PromptError("the prompt is empty: give some text")
+            prompt_ids = self.model.tokenizer.encode(prompt)
+        else:
+            prompt_ids = list(prompt)
+        prompt_ids = check_token_ids(prompt_ids, self.model.config)
+        self._check_fits(len(prompt_ids), params.max_tokens)
+        seq_id = next(self._seq_ids)
+        request_id = request_id or f"req-{seq_id}"
+        if request_id in self._requests:
+            raise TinyInferError(f"request id {request_id!r} is already in use")
+        rng = np.random.default_rng(params.seed if params.seed is not None
+                                    else self._rng.integers(2**63))
+        seq = Sequence(seq_id, request_id, prompt_ids, params, rng)
+        tokenizer = self.model._tokenizer
+        decoder = IncrementalDecoder(tokenizer) if tokenizer is not None else None
+        self._requests[request_id] = _Request(seq, decoder, RequestMetrics(time.perf_counter()))
+        self.scheduler.add(seq)
+        return request_id
+
+    def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        limit = self.model.config.max_model_len
+        if prompt_len + max_tokens > limit:
+            raise ContextOverflowError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = "
+                f"{prompt_len + max_tokens} exceeds the model's context of {limit} tokens: "
+                "shorten the prompt or lower max_tokens"
+            )
+        pages = math.ceil((prompt_len + max_tokens) / self.pool.block_size)
+        if pages > self.pool.num_pages:
+            raise OutOfPagesError(
+                f"this request needs up to {pages} KV pages but the pool has only "
+                f"{self.pool.num_pages}: give the engine more pages or lower max_tokens"
+            )
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request now and free its pages."""
+        request = self._requests.get(request_id)
+        if request is None:
+            raise TinyInferError(f"no request with id {request_id!r}")
+        if request.seq.finish_reason is None:
+            request.seq.finish_reason = "abort"
+            request.metrics.finished = time.perf_counter()
+            self.scheduler.finish(request.seq)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def completion(self, request_id: str) -> Completion:
+        """The request's output so far (final once its finish_reason is set)."""
+        r = self._requests[request_id]
+        return Completion(
+            request_id=request_id,
+            prompt_ids=list(r.seq.prompt_ids),
+            token_ids=list(r.seq.output_ids),
+            text=r.text,
+            finish_reason=r.seq.finish_reason,
+            logprobs=[c.logprob for c in r.choices],
+            top_logprobs=[c.top_logprobs for c in r.choices],
+            metrics=r.metrics,
+        )
+
+    def release(self, request_id: str) -> Completion:
+        """Return a finished request's completion and forget it."""
+        completion = self.completion(request_id)
+        if completion.finish_reason is None:
+            raise TinyInferError(f"request {request_id!r} has not finished; abort it first")
+        del self._requests[request_id]
+        return completion
+
+    # ------------------------------------------------------------------ the loop
+
+    def step(self) -> StepTrace:
+        """Schedule one batch, run the model once, sample, and report what happened."""
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        logits = self._forward(out.chunks) if out.chunks else np.zeros((0, 0), np.float32)
+        t2 = time.perf_counter()
+        steps, finished, freed = [], [], []
+        for row, chunk in enumerate(out.chunks):
+            seq_step, pages = self._advance(chunk, logits[row])
+            steps.append(seq_step)
+            if seq_step.finish_reason is not None:
+                finished.append(chunk.seq.seq_id)
+                freed += pages
+        t3 = time.perf_counter()
+        self.step_count += 1
+        return StepTrace(
+            step=self.step_count,
+            seqs=tuple(steps),
+            admitted=tuple(s.seq_id for s in out.admitted),
+            preempted=tuple(s.seq_id for s in out.preempted),
+            finished=tuple(finished),
+            pages_allocated=tuple(out.pages_allocated),
+            pages_freed=tuple(freed),
+            prefix_hit_pages=tuple(out.prefix_hit_pages),
+            num_batched_tokens=sum(c.end - c.start for c in out.chunks),
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            pool=self.pool_view(),
+            timings={"schedule": t1 - t0, "forward": t2 - t1, "sample": t3 - t2},
+        )
+
+    def _forward(self, chunks: list[Chunk]) -> np.ndarray:
+        batch = make_batch(
+            [(c.seq.all_ids[c.start:c.end], c.start, self.pool.block_table(c.seq.seq_id), False)
+             for c in chunks],
+            self.pool.block_size,
+        )
+        return self.model.runner.forward(batch, self.kv_cache)
+
+    def _advance(self, chunk: Chunk, logits: np.ndarray) -> tuple[SeqStep, list[int]]:
+        """Record a computed chunk; if it reached the end, sample and apply stop rules."""
+        seq = chunk.seq
+        request = self._requests[seq.request_id]
+        seq.num_computed = chunk.end
+        self.pool.commit(seq.seq_id, seq.all_ids[:chunk.end])
+        if chunk.cached_tokens:
+            request.metrics.cached_tokens = chunk.cached_tokens
+        request.metrics.num_preemptions = seq.num_preemptions
+        base = dict(seq_id=seq.seq_id, request_id=seq.request_id, kind=chunk.kind,
+                    start=chunk.start, end=chunk.end, cached_tokens=chunk.cached_tokens)
+        if not chunk.samples:
+            return SeqStep(**base), []
+        eos = self.model.eos_token_ids
+        choice = sample_next(logits, seq.params, seq.prompt_ids, seq.output_ids, seq.rng,
+                             eos_token_id=eos[0] if eos else None)
+        seq.output_ids.append(choice.token_id)
+        request.choices.append(choice)
+        now = time.perf_counter()
+        if request.metrics.first_token is None:
+            request.metrics.first_token = now
+        token_text, hit_stop = self._emit_text(request, choice.token_id)
+        reason = "stop" if hit_stop else self._finish_reason(request, choice.token_id)
+        pages: list[int] = []
+        if reason is not None:
+            seq.finish_reason = reason
+            request.metrics.finished = now
+            if request.decoder is not None and reason == "length":
+                request.text += request.decoder.flush()
+            pages = self.scheduler.finish(seq)
+        return SeqStep(**base, token_id=choice.token_id, token_text=token_text,
+                       logprob=choice.logprob, candidates=self._candidates(choice),
+                       finish_reason=reason), pages
+
+    def _emit_text(self, request: _Request, token_id: int) -> tuple[str, bool]:
+        """Append a token's text unless it is an end token; cut at a stop string if one appears."""
+        params = request.seq.params
+        if request.decoder is None or self._is_end_token(token_id, params):
+            return "", False
+        piece = request.decoder.push(token_id)
+        request.text += piece
+        cut = find_stop(request.text, params.stop)
+        if cut is not None:
+            request.text = request.text[:cut]
+        return piece, cut is not None
+
+    def _is_end_token(self, token_id: int, params: SamplingParams) -> bool:
+        if token_id in params.stop_token_ids:
+            return True
+        return not params.ignore_eos and token_id in self.model.eos_token_ids
+
+    def _finish_reason(self, request: _Request, token_id: int) -> str | None:
+        seq = request.seq
+        if self._is_end_token(token_id, seq.params):
+            return "stop"
+        if len(seq.output_ids) >= seq.params.max_tokens:
+            return "length"
+        if seq.num_tokens >= self.model.config.max_model_len:
+            return "length"
+        return None
+
+    def _candidates(self, choice: TokenChoice) -> tuple[Candidate, ...]:
+        tokenizer = self.model._tokenizer
+        def text(token_id: int) -> str:
+            if tokenizer is None:
+                return ""
+            return tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+        return tuple(Candidate(t, p, text(t)) for t, p in choice.top)
+
+    def pool_view(self) -> PoolView:
+        snap = self.pool.snapshot()
+        return PoolView(
+            num_pages=self.pool.num_pages, block_size=self.pool.block_size,
+            used=snap.num_used, free=snap.num_free, cached=snap.num_cached,
+            owners=tuple(p.owners for p in snap.pages),
+            cached_pages=tuple(p.page_id for p in snap.pages if p.cached),
+        )
+
+    # ------------------------------------------------------------------ conveniences
+
+    def stream_text(self, request_id: str) -> str:
+        """New text of a request since the last call, holding back a possible stop-string start."""
+        r = self._requests[request_id]
+        end = len(r.text)
+        if r.seq.finish_reason is None:
+            end -= stop_holdback(r.text, r.seq.params.stop)
+        piece = r.text[r.streamed:end]
+        r.streamed = max(r.streamed, end)
+        return piece
+
+    def stream(self, prompt: str | Seq[int], params: SamplingParams | None = None) -> Iterator[str]:
+        """Generate one prompt, yielding text as it is produced (other requests keep running)."""
+        request_id = self.add_request(prompt, params)
+        try:
+            while self.completion(request_id).finish_reason is None:
+                self.step()
+                piece = self.stream_text(request_id)
+                if piece:
+                    yield piece
+            piece = self.stream_text(request_id)
+            if piece:
+                yield piece
+        finally:
+            if self.completion(request_id).finish_reason is None:
+                self.abort_request(request_id)
+            self.release(request_id)
+
+    def generate(self, prompts: str | Seq[int] | list[str] | list[list[int]],
+                 params: SamplingParams | list[SamplingParams] | None = None) -> list[Completion]:
+        """Run prompts together through the continuous-batching loop until all finish."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        if len(per_prompt) != len(prompts):
+            raise TinyInferError(f"got {len(per_prompt)} SamplingParams for {len(prompts)} prompts")
+        ids: list[str] = []
+        try:
+            for prompt, sp in zip(prompts, per_prompt):
+                ids.append(self.add_request(prompt, sp))
+        except TinyInferError:
+            for request_id in ids:  # all or nothing: a bad prompt queues none of the batch
+                self.abort_request(request_id)
+                self.release(request_id)
+            raise
+        while any(self.completion(i).finish_reason is None for i in ids):
+            self.step()
+        return [self.release(i) for i in ids]

@@ -1,0 +1,33 @@
+"""Errors a user can cause. Each message says what went wrong and what to do."""
+
+
+class TinyInferError(Exception):
+    """Base class of every error tinyinfer raises on purpose."""
+
+
+class ConfigError(TinyInferError):
+    """A model config.json is missing, malformed or describes an unsupported model."""
+
+
+class CheckpointError(TinyInferError):
+    """Weights are missing, corrupt, mis-named or mis-shaped."""
+
+
+class TokenizerError(TinyInferError):
+    """A tokenizer file is missing or invalid, or text cannot be encoded."""
+
+
+class SamplingParamsError(TinyInferError):
+    """A sampling parameter is out of range or of the wrong type."""
+
+
+class PromptError(TinyInferError):
+    """A prompt is empty or does not fit the model's context."""
+
+
+class ContextOverflowError(PromptError):
+    """Prompt plus requested output is longer than the model's context window."""
+
+
+class OutOfPagesError(TinyInferError):
+    """The KV page pool cannot hold what was asked of it, even after evicting cached pages."""

@@ -1,0 +1,120 @@
+"""`tinyinfer.load`: a model folder (or a bundled name) → a ready Model."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from tinyinfer.config import ModelConfig, load_config
+from tinyinfer.errors import PromptError, TinyInferError, TokenizerError
+from tinyinfer.model.runner import ModelRunner, make_batch
+from tinyinfer.tokenizer import Tokenizer, load_tokenizer
+from tinyinfer.weights import load_weights
+
+DATA_DIR = Path(__file__).parent / "data"
+BUNDLED = {
+    "bundled": DATA_DIR / "shakespeare",
+    "bundled-draft": DATA_DIR / "shakespeare-draft",
+}
+RUNNERS = ("numpy", "torch")
+
+
+@dataclass
+class Model:
+    """A loaded model: its config, tokenizer and a runner that computes its forward pass."""
+
+    config: ModelConfig
+    runner: ModelRunner
+    path: Path
+    name: str
+    _tokenizer: Tokenizer | None = field(default=None, repr=False)
+    _tokenizer_error: str = field(default="", repr=False)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            raise TokenizerError(self._tokenizer_error)
+        return self._tokenizer
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return self._tokenizer is not None
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Token ids that end a generation: the config's, else the tokenizer's."""
+        if self.config.eos_token_ids:
+            return self.config.eos_token_ids
+        if self._tokenizer is not None and self._tokenizer.eos_token_id is not None:
+            return (self._tokenizer.eos_token_id,)
+        return ()
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Full causal forward of one sequence: float32 logits [len(token_ids), vocab]."""
+        ids = check_token_ids(token_ids, self.config)
+        block_size = 16
+        pages = list(range(math.ceil(len(ids) / block_size)))
+        kv = self.runner.new_kv_cache(len(pages), block_size)
+        batch = make_batch([(ids, 0, pages, True)], block_size)
+        return self.runner.forward(batch, kv)
+
+
+def check_token_ids(token_ids: Sequence[int], config: ModelConfig) -> list[int]:
+    """Validate a prompt's ids: non-empty, in the vocabulary, within the context."""
+    ids = [int(t) for t in token_ids]
+    if not ids:
+        raise PromptError("the prompt is empty: give at least one token")
+    if len(ids) > config.max_model_len:
+        raise PromptError(
+            f"the prompt has {len(ids)} tokens but the model's context holds "
+            f"{config.max_model_len}: shorten it"
+        )
+    bad = [t for t in ids if not 0 <= t < config.vocab_size]
+    if bad:
+        raise PromptError(f"token id {bad[0]} is outside the vocabulary (0..{config.vocab_size - 1})")
+    return ids
+
+
+def resolve_source(source: str | Path) -> tuple[Path, str]:
+    """Map a bundled name or a path to a model folder and a display name."""
+    if isinstance(source, str) and source in BUNDLED:
+        return BUNDLED[source], source
+    path = Path(source).expanduser()
+    if not path.is_dir():
+        names = ", ".join(BUNDLED)
+        raise TinyInferError(
+            f"model {str(source)!r} is neither a bundled model ({names}) nor a folder: "
+            "pass a Hugging Face model folder (config.json + *.safetensors)"
+        )
+    return path, path.name
+
+
+def load(source: str | Path = "bundled", runner: str = "numpy", device: str | None = None,
+         dtype: str | None = None, **runner_options: Any) -> Model:
+    """Load a model folder (HF layout) or a bundled model with the chosen runner."""
+    if runner not in RUNNERS:
+        raise TinyInferError(f"runner must be one of {RUNNERS}, got {runner!r}")
+    path, name = resolve_source(source)
+    config = load_config(path)
+    weights = load_weights(path, config)
+    if runner == "numpy":
+        from tinyinfer.model.numpy_ref import NumpyRunner
+
+        if device not in (None, "cpu"):
+            raise TinyInferError("the NumPy runner runs on the CPU only; use runner='torch' for GPUs")
+        model_runner: ModelRunner = NumpyRunner(config, weights, dtype=dtype or "float32")
+    else:
+        from tinyinfer.model.torch_fast import TorchRunner
+
+        model_runner = TorchRunner(config, weights, device=device, dtype=dtype, **runner_options)
+    tokenizer, error = None, ""
+    try:
+        tokenizer = load_tokenizer(path, eos_token_id=(config.eos_token_ids or (None,))[0])
+    except TokenizerError as exc:
+        error = f"{name} has no usable tokenizer: {exc}"
+    return Model(config=config, runner=model_runner, path=path, name=name,
+                 _tokenizer=tokenizer, _tokenizer_error=error)

@@ -1,0 +1,204 @@
+"""The reference forward pass: plain NumPy, one small function per operation.
+
+Read it next to the lesson text. Shapes use: T new tokens in the batch, D hidden size,
+H query heads, Hkv key/value heads, hd head dim, F MLP width, V vocabulary,
+N context tokens of one sequence, P pages, S tokens per page (block size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tinyinfer.config import ModelConfig, rope_inverse_frequencies
+from tinyinfer.model.runner import Batch
+
+
+# ---------------------------------------------------------------- operations
+
+
+def embedding(table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+    """Look up one row per token.  table: [V, D], token_ids: [T] -> [T, D]."""
+    return table[token_ids]
+
+
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """y = x W^T + b.  x: [T, in], weight: [out, in] -> [T, out]."""
+    y = x @ weight.T
+    return y if bias is None else y + bias
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    """GPT-2's LayerNorm: centre and scale each row.  x: [T, D]."""
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * weight + bias
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """Llama's RMSNorm: scale each row by its root mean square (no centring).  x: [T, D]."""
+    rms = np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    return x / rms * weight
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GPT-2's GELU, the tanh approximation."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x), the gate activation of SwiGLU."""
+    return x / (1.0 + np.exp(-x))
+
+
+def rope_tables(inv_freq: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of every (position, frequency) angle.  -> two [T, hd/2] arrays."""
+    angles = positions[:, None].astype(np.float64) * inv_freq[None, :]
+    return np.cos(angles), np.sin(angles)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate pairs (x[i], x[i + hd/2]) by each position's angle.  x: [T, heads, hd].
+
+    Rotating queries and keys by their positions makes q·k depend only on the distance
+    between them. This is the "rotate half" layout that Hugging Face Llama checkpoints use.
+    """
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :].astype(x.dtype), sin[:, None, :].astype(x.dtype)
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Numerically safe softmax: subtract the max before exponentiating."""
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
+              q_positions: np.ndarray) -> np.ndarray:
+    """Causal attention of one sequence's new queries over its whole context.
+
+    q: [Tq, H, hd] (positions q_positions), k, v: [N, Hkv, hd] for positions 0..N-1.
+    With grouped-query attention, each group of H/Hkv query heads shares one K/V head.
+    Returns [Tq, H, hd].
+    """
+    num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    group = num_heads // num_kv_heads
+    k = np.repeat(k, group, axis=1)  # [N, H, hd]
+    v = np.repeat(v, group, axis=1)
+    scores = np.einsum("thd,nhd->htn", q, k) / np.sqrt(q.shape[-1])  # [H, Tq, N]
+    future = np.arange(k.shape[0])[None, :] > q_positions[:, None]  # [Tq, N]
+    scores = np.where(future[None], -np.inf, scores)
+    weights = softmax(scores, axis=-1)
+    return np.einsum("htn,nhd->thd", weights, v)
+
+
+# ---------------------------------------------------------------- paged KV storage
+
+
+@dataclass
+class NumpyKVCache:
+    """K and V pages per layer: k[layer] is [P, S, Hkv, hd]."""
+
+    k: list[np.ndarray]
+    v: list[np.ndarray]
+    block_size: int
+
+    def write(self, layer: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        """Store new tokens' K/V [T, Hkv, hd] at their slots (page * S + offset)."""
+        pages, offsets = slots // self.block_size, slots % self.block_size
+        self.k[layer][pages, offsets] = k
+        self.v[layer][pages, offsets] = v
+
+    def gather(self, layer: int, block_table: tuple[int, ...],
+               length: int) -> tuple[np.ndarray, np.ndarray]:
+        """One sequence's K/V in position order: pages by block table, cut to length. -> [N, Hkv, hd]."""
+        pages = list(block_table)
+        k = self.k[layer][pages].reshape(-1, *self.k[layer].shape[2:])[:length]
+        v = self.v[layer][pages].reshape(-1, *self.v[layer].shape[2:])[:length]
+        return k, v
+
+
+# ---------------------------------------------------------------- the model
+
+
+class NumpyRunner:
+    """Reference runner: float32 by default, float64 on request."""
+
+    name = "numpy"
+
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray],
+                 dtype: str = "float32"):
+        if dtype not in ("float32", "float64"):
+            raise ValueError(f"the NumPy runner computes in float32 or float64, not {dtype}")
+        self.config = config
+        self.dtype = np.dtype(dtype)
+        self.w = {name: np.asarray(value, dtype=self.dtype) for name, value in weights.items()}
+        if config.uses_rope:
+            self.inv_freq = np.asarray(rope_inverse_frequencies(config), dtype=np.float64)
+
+    def new_kv_cache(self, num_pages: int, block_size: int) -> NumpyKVCache:
+        c = self.config
+        shape = (num_pages, block_size, c.num_kv_heads, c.head_dim)
+        return NumpyKVCache(
+            k=[np.zeros(shape, self.dtype) for _ in range(c.num_layers)],
+            v=[np.zeros(shape, self.dtype) for _ in range(c.num_layers)],
+            block_size=block_size,
+        )
+
+    def copy_page(self, kv_cache: NumpyKVCache, src: int, dst: int) -> None:
+        for layer in range(self.config.num_layers):
+            kv_cache.k[layer][dst] = kv_cache.k[layer][src]
+            kv_cache.v[layer][dst] = kv_cache.v[layer][src]
+
+    def forward(self, batch: Batch, kv_cache: NumpyKVCache) -> np.ndarray:
+        """Embed, run every layer, and return logits for the batch's logits_rows. -> [R, V]."""
+        c, w = self.config, self.w
+        x = embedding(w["embed"], batch.token_ids)  # [T, D]
+        if c.family == "gpt2":
+            x = x + embedding(w["pos_embed"], batch.positions)
+            rope = None
+        else:
+            rope = rope_tables(self.inv_freq, batch.positions)
+        for layer in range(c.num_layers):
+            x = x + self.attention_block(layer, x, batch, kv_cache, rope)
+            x = x + self.mlp_block(layer, x)
+        x = self.norm("final_norm", x[batch.logits_rows])
+        head = w.get("lm_head", w["embed"])  # tied embeddings reuse the input table
+        return linear(x, head).astype(np.float32)  # [R, V]
+
+    def norm(self, name: str, x: np.ndarray) -> np.ndarray:
+        if self.config.family == "gpt2":
+            return layer_norm(x, self.w[f"{name}.weight"], self.w[f"{name}.bias"], self.config.norm_eps)
+        return rms_norm(x, self.w[f"{name}.weight"], self.config.norm_eps)
+
+    def attention_block(self, layer: int, x: np.ndarray, batch: Batch, kv: NumpyKVCache,
+                        rope: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+        """Norm, project to q/k/v, rotate, store K/V in pages, attend per sequence, project out."""
+        c, w, p = self.config, self.w, f"layers.{layer}."
+        h = self.norm(p + "attn_norm", x)
+        q = linear(h, w[p + "q.weight"], w.get(p + "q.bias")).reshape(-1, c.num_heads, c.head_dim)
+        k = linear(h, w[p + "k.weight"], w.get(p + "k.bias")).reshape(-1, c.num_kv_heads, c.head_dim)
+        v = linear(h, w[p + "v.weight"], w.get(p + "v.bias")).reshape(-1, c.num_kv_heads, c.head_dim)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        kv.write(layer, batch.slot_mapping, k, v)
+        out = np.empty_like(q)  # [T, H, hd]
+        for b in range(batch.num_seqs):
+            rows = slice(batch.query_starts[b], batch.query_starts[b + 1])
+            k_ctx, v_ctx = kv.gather(layer, batch.block_tables[b], int(batch.context_lens[b]))
+            out[rows] = attention(q[rows], k_ctx, v_ctx, batch.positions[rows])
+        return linear(out.reshape(len(x), -1), w[p + "o.weight"], w.get(p + "o.bias"))
+
+    def mlp_block(self, layer: int, x: np.ndarray) -> np.ndarray:
+        """GPT-2: fc → GELU → proj.  Llama: down(silu(gate(x)) * up(x)) (SwiGLU)."""
+        w, p = self.w, f"layers.{layer}."
+        h = self.norm(p + "mlp_norm", x)
+        if self.config.family == "gpt2":
+            return linear(gelu_tanh(linear(h, w[p + "fc.weight"], w[p + "fc.bias"])),
+                          w[p + "proj.weight"], w[p + "proj.bias"])
+        gate = linear(h, w[p + "gate.weight"], w.get(p + "gate.bias"))
+        up = linear(h, w[p + "up.weight"], w.get(p + "up.bias"))
+        return linear(silu(gate) * up, w[p + "down.weight"], w.get(p + "down.bias"))

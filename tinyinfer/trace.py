@@ -1,0 +1,114 @@
+"""What happened in one engine step — the only thing front ends read.
+
+Every record is a frozen dataclass of plain values, so a run can be written as JSON lines
+and replayed without a model (the TUI steps backwards this way).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Iterator
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One possible next token and its probability after sampling filters."""
+
+    token_id: int
+    prob: float
+    text: str
+
+
+@dataclass(frozen=True)
+class SeqStep:
+    """One sequence's part of a step: the positions computed and, if it ended, the token sampled."""
+
+    seq_id: int
+    request_id: str
+    kind: str  # "prefill" (a prompt chunk, possibly the whole prompt) or "decode" (one token)
+    start: int  # first position computed this step
+    end: int  # one past the last position computed
+    cached_tokens: int = 0  # prompt tokens skipped thanks to the prefix cache (on admission)
+    token_id: int | None = None  # the sampled token, if this chunk reached the end
+    token_text: str = ""
+    logprob: float | None = None
+    candidates: tuple[Candidate, ...] = ()
+    finish_reason: str | None = None  # "stop", "length", "abort" once finished
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """The page pool after the step: who owns each page."""
+
+    num_pages: int
+    block_size: int
+    used: int
+    free: int
+    cached: int
+    owners: tuple[tuple[int, ...], ...]  # per page: seq ids referencing it
+    cached_pages: tuple[int, ...]  # pages carrying a prefix hash
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """Everything one `Engine.step()` did."""
+
+    step: int
+    seqs: tuple[SeqStep, ...]
+    admitted: tuple[int, ...] = ()
+    preempted: tuple[int, ...] = ()
+    finished: tuple[int, ...] = ()
+    pages_allocated: tuple[int, ...] = ()
+    pages_freed: tuple[int, ...] = ()
+    prefix_hit_pages: tuple[int, ...] = ()
+    num_batched_tokens: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    pool: PoolView | None = None
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(s.end - s.start for s in self.seqs if s.kind == "prefill")
+
+    @property
+    def decode_tokens(self) -> int:
+        return sum(s.end - s.start for s in self.seqs if s.kind == "decode")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(line: str) -> "StepTrace":
+        return _step_from_dict(json.loads(line))
+
+
+def _step_from_dict(d: dict[str, Any]) -> StepTrace:
+    seqs = tuple(
+        SeqStep(**{**s, "candidates": tuple(Candidate(**c) for c in s["candidates"])})
+        for s in d["seqs"]
+    )
+    pool = d.get("pool")
+    pool_view = None if pool is None else PoolView(
+        **{**pool, "owners": tuple(tuple(o) for o in pool["owners"]),
+           "cached_pages": tuple(pool["cached_pages"])})
+    tuples = ("admitted", "preempted", "finished", "pages_allocated", "pages_freed",
+              "prefix_hit_pages")
+    rest = {k: tuple(d[k]) if k in tuples else d[k] for k in d if k not in ("seqs", "pool")}
+    return StepTrace(seqs=seqs, pool=pool_view, **rest)
+
+
+def write_trace(path: str, traces: Iterable[StepTrace]) -> None:
+    """Save traces as JSON lines."""
+    with open(path, "w", encoding="utf-8") as f:
+        for trace in traces:
+            f.write(trace.to_json() + "\n")
+
+
+def read_trace(path: str) -> Iterator[StepTrace]:
+    """Load traces written by write_trace."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield StepTrace.from_json(line)

@@ -1,0 +1,238 @@
+"""Checkpoint files ⇄ named NumPy arrays.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header naming each
+tensor's dtype, shape and byte range, then the raw bytes. We read it directly (memory-mapped),
+which also lets us turn bfloat16 — a type NumPy lacks — into float32 from its raw bits.
+
+Hugging Face names are mapped to one internal naming shared by both runners. Every linear
+weight is stored ``[out_features, in_features]`` so that ``y = x @ W.T``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from tinyinfer.config import ModelConfig
+from tinyinfer.errors import CheckpointError
+
+_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 is the top half of a float32: shift the 16 stored bits up."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Round float32 to the nearest bfloat16 (ties to even) and return its 16 raw bits."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounding = ((u >> 16) & 1) + np.uint32(0x7FFF)
+    return ((u + rounding) >> 16).astype(np.uint16)
+
+
+def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
+    """Load every tensor of one .safetensors file as NumPy (bf16 becomes float32)."""
+    path = Path(path)
+    try:
+        blob = np.memmap(path, dtype=np.uint8, mode="r")
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+    if blob.size < 8:
+        raise CheckpointError(f"{path} is not a safetensors file (only {blob.size} bytes)")
+    (header_len,) = struct.unpack("<Q", bytes(blob[:8]))
+    if header_len > min(_MAX_HEADER, blob.size - 8):
+        raise CheckpointError(f"{path} is corrupt: header length {header_len} exceeds the file")
+    try:
+        header = json.loads(bytes(blob[8:8 + header_len]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is corrupt: its header is not JSON ({exc})") from exc
+    data = blob[8 + header_len:]
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        tensors[name] = _tensor_from_bytes(path, name, info, data)
+    return tensors
+
+
+def _tensor_from_bytes(path: Path, name: str, info: dict, data: np.ndarray) -> np.ndarray:
+    try:
+        dtype = _DTYPES[info["dtype"]]
+        shape = tuple(int(s) for s in info["shape"])
+        start, end = (int(o) for o in info["data_offsets"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry") from exc
+    expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if not 0 <= start <= end <= data.size or end - start != expected:
+        raise CheckpointError(
+            f"{path} is corrupt: tensor {name!r} needs {expected} bytes at [{start}, {end}) "
+            f"but the data section holds {data.size} bytes"
+        )
+    array = data[start:end].view(dtype).reshape(shape)
+    if info["dtype"] == "BF16":
+        return bf16_bits_to_float32(array)
+    return array
+
+
+def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray],
+                      metadata: dict[str, str] | None = None) -> None:
+    """Write named NumPy arrays with the safetensors library."""
+    from safetensors.numpy import save_file
+
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=metadata)
+
+
+def read_checkpoint(folder: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """All tensors of a HF folder (single file or sharded index), and which file held each."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    single = folder / "model.safetensors"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{index} is corrupt: no readable weight_map ({exc})") from exc
+        files = sorted(set(weight_map.values()))
+    elif single.is_file():
+        files = [single.name]
+    else:
+        found = sorted(p.name for p in folder.glob("*.safetensors")) if folder.is_dir() else []
+        if len(found) == 1:
+            files = found
+        else:
+            raise CheckpointError(
+                f"no model.safetensors or model.safetensors.index.json in {folder} "
+                "(tinyinfer reads safetensors checkpoints; convert .bin files with transformers)"
+            )
+    tensors: dict[str, np.ndarray] = {}
+    origin: dict[str, str] = {}
+    for name in files:
+        shard = folder / name
+        if not shard.is_file():
+            raise CheckpointError(f"{index} names shard {name}, which is missing from {folder}")
+        for key, value in read_safetensors(shard).items():
+            tensors[key] = value
+            origin[key] = str(shard)
+    return tensors, origin
+
+
+class _Source:
+    """Takes tensors out of a checkpoint by HF name, remembering which were used."""
+
+    def __init__(self, tensors: dict[str, np.ndarray], origin: dict[str, str], prefix: str):
+        self.tensors, self.origin, self.prefix = tensors, origin, prefix
+        self.used: set[str] = set()
+
+    def has(self, name: str) -> bool:
+        return self.prefix + name in self.tensors
+
+    def take(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        key = self.prefix + name
+        if key not in self.tensors:
+            raise CheckpointError(f"tensor {key!r} is missing from the checkpoint")
+        value = self.tensors[key]
+        if value.shape != shape:
+            raise CheckpointError(
+                f"tensor {key!r} in {self.origin[key]} has shape {list(value.shape)}, "
+                f"but the config implies {list(shape)}"
+            )
+        self.used.add(key)
+        return value
+
+    def unused(self, ignore: tuple[str, ...]) -> list[str]:
+        return sorted(k for k in self.tensors if k not in self.used and not k.endswith(ignore))
+
+
+def map_weights(config: ModelConfig, tensors: dict[str, np.ndarray],
+                origin: dict[str, str]) -> dict[str, np.ndarray]:
+    """Rename a checkpoint's HF tensors to tinyinfer's names, checking every shape."""
+    if config.family == "gpt2":
+        prefix = "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
+        source = _Source(tensors, origin, prefix)
+        weights = _map_gpt2(config, source)
+        ignore = (".attn.bias", ".attn.masked_bias", "lm_head.weight")
+    else:
+        source = _Source(tensors, origin, "")
+        weights = _map_llama(config, source)
+        ignore = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if config.tie_word_embeddings else ())
+    extra = source.unused(ignore)
+    if extra:
+        where = origin[extra[0]]
+        raise CheckpointError(
+            f"unexpected tensor(s) {extra[:5]} in {where}: the checkpoint does not match "
+            f"its config.json ({config.model_type}, {config.num_layers} layers)"
+        )
+    return weights
+
+
+def _map_gpt2(c: ModelConfig, src: _Source) -> dict[str, np.ndarray]:
+    d, f = c.hidden_size, c.intermediate_size
+    w = {
+        "embed": src.take("wte.weight", (c.vocab_size, d)),
+        "pos_embed": src.take("wpe.weight", (c.max_position_embeddings, d)),
+        "final_norm.weight": src.take("ln_f.weight", (d,)),
+        "final_norm.bias": src.take("ln_f.bias", (d,)),
+    }
+    for i in range(c.num_layers):
+        h, L = f"h.{i}.", f"layers.{i}."
+        w[L + "attn_norm.weight"] = src.take(h + "ln_1.weight", (d,))
+        w[L + "attn_norm.bias"] = src.take(h + "ln_1.bias", (d,))
+        # GPT-2's Conv1D stores [in, out]; q, k and v are fused along the output axis.
+        qkv = src.take(h + "attn.c_attn.weight", (d, 3 * d)).T
+        qkv_b = src.take(h + "attn.c_attn.bias", (3 * d,))
+        for j, name in enumerate("qkv"):
+            w[L + f"{name}.weight"] = qkv[j * d:(j + 1) * d]
+            w[L + f"{name}.bias"] = qkv_b[j * d:(j + 1) * d]
+        w[L + "o.weight"] = src.take(h + "attn.c_proj.weight", (d, d)).T
+        w[L + "o.bias"] = src.take(h + "attn.c_proj.bias", (d,))
+        w[L + "mlp_norm.weight"] = src.take(h + "ln_2.weight", (d,))
+        w[L + "mlp_norm.bias"] = src.take(h + "ln_2.bias", (d,))
+        w[L + "fc.weight"] = src.take(h + "mlp.c_fc.weight", (d, f)).T
+        w[L + "fc.bias"] = src.take(h + "mlp.c_fc.bias", (f,))
+        w[L + "proj.weight"] = src.take(h + "mlp.c_proj.weight", (f, d)).T
+        w[L + "proj.bias"] = src.take(h + "mlp.c_proj.bias", (d,))
+    return w
+
+
+def _map_llama(c: ModelConfig, src: _Source) -> dict[str, np.ndarray]:
+    d, f = c.hidden_size, c.intermediate_size
+    q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    w = {
+        "embed": src.take("model.embed_tokens.weight", (c.vocab_size, d)),
+        "final_norm.weight": src.take("model.norm.weight", (d,)),
+    }
+    if not c.tie_word_embeddings:
+        w["lm_head"] = src.take("lm_head.weight", (c.vocab_size, d))
+    for i in range(c.num_layers):
+        h, L = f"model.layers.{i}.", f"layers.{i}."
+        w[L + "attn_norm.weight"] = src.take(h + "input_layernorm.weight", (d,))
+        w[L + "mlp_norm.weight"] = src.take(h + "post_attention_layernorm.weight", (d,))
+        for name, out in (("q", q_out), ("k", kv_out), ("v", kv_out)):
+            w[L + f"{name}.weight"] = src.take(h + f"self_attn.{name}_proj.weight", (out, d))
+            if c.qkv_bias:
+                w[L + f"{name}.bias"] = src.take(h + f"self_attn.{name}_proj.bias", (out,))
+        w[L + "o.weight"] = src.take(h + "self_attn.o_proj.weight", (d, q_out))
+        if c.o_bias:
+            w[L + "o.bias"] = src.take(h + "self_attn.o_proj.bias", (d,))
+        w[L + "gate.weight"] = src.take(h + "mlp.gate_proj.weight", (f, d))
+        w[L + "up.weight"] = src.take(h + "mlp.up_proj.weight", (f, d))
+        w[L + "down.weight"] = src.take(h + "mlp.down_proj.weight", (d, f))
+        if c.mlp_bias:
+            for name, out in (("gate", f), ("up", f), ("down", d)):
+                w[L + f"{name}.bias"] = src.take(h + f"mlp.{name}_proj.bias", (out,))
+    return w
+
+
+def load_weights(folder: str | Path, config: ModelConfig) -> dict[str, np.ndarray]:
+    """Read and map a checkpoint folder's weights (float32/float16 as stored; bf16 → float32)."""
+    tensors, origin = read_checkpoint(folder)
+    return map_weights(config, tensors, origin)

@@ -73,3 +73,50 @@ def oracle_model(tmp_path_factory):
         return cache[name]
 
     return get
+
+
+SAMPLE_TEXT = (
+    "To be, or not to be, that is the question:\n"
+    "Whether 'tis nobler in the mind to suffer\n"
+    "The slings and arrows of outrageous fortune,\n"
+    "Or to take arms against a sea of troubles\n"
+    "And by opposing end them. To die—to sleep,\n"
+    "No more; and by a sleep to say we end\n"
+) * 4
+
+
+def train_small_tokenizer(folder: Path, vocab_size: int) -> None:
+    """Train a byte-level BPE of at most vocab_size ids (eos last) and save tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 1, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([SAMPLE_TEXT], trainer)
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(folder / "tokenizer.json"))
+
+
+@pytest.fixture(scope="session")
+def text_model_folder(tmp_path_factory) -> Path:
+    """A random Llama (GQA) with a real byte-level BPE tokenizer: for text-level engine tests."""
+    folder = tmp_path_factory.mktemp("text-llama")
+    build_hf_model("llama-gqa-untied", folder)
+    train_small_tokenizer(folder, ORACLE_CONFIGS["llama-gqa-untied"][2]["vocab_size"])
+    return folder
+
+
+def _torch_runner_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tinyinfer.model.torch_fast") is not None
+
+
+@pytest.fixture(params=["numpy", "torch"])
+def runner_name(request) -> str:
+    """Run a test once per model runner: the reference and the fast path must agree."""
+    if request.param == "torch" and not _torch_runner_available():
+        pytest.skip("the torch runner module tinyinfer.model.torch_fast is not present")
+    return request.param

@@ -79,7 +79,9 @@ class Engine:
         if num_pages is None:
             page_bytes = config.kv_bytes_per_token(bytes_per_value=4) * block_size
             full_context = math.ceil(config.max_model_len / block_size)
-            num_pages = max(kv_cache_memory // page_bytes, full_context)
+            # Enough pages for every slot's full context if memory allows, and at least one.
+            num_pages = max(min(kv_cache_memory // page_bytes, max_num_seqs * full_context),
+                            full_context)
         self.pool = PagePool(num_pages, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

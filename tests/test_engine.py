@@ -1,0 +1,138 @@
+"""The engine loop: continuous batching, chunked prefill, preemption, prefix caching, baselines.
+
+Every test runs on both runners (the `runner_name` fixture): bookkeeping is shared, and the
+fast path must produce exactly what the reference produces.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tinyinfer
+from tinyinfer.trace import StepTrace
+
+GREEDY = tinyinfer.SamplingParams(temperature=0, max_tokens=12)
+
+
+@pytest.fixture
+def model(oracle_model, runner_name):
+    folder, _ = oracle_model("llama-gqa-untied")
+    return tinyinfer.load(folder, runner=runner_name)
+
+
+def mixed_prompts(n: int = 16, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 320, int(k)).tolist() for k in rng.integers(1, 70, n)]
+
+
+def run_all(engine: tinyinfer.Engine, prompts, params) -> tuple[list[list[int]], list[StepTrace]]:
+    per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, per_prompt)]
+    traces = []
+    while engine.has_unfinished():
+        traces.append(engine.step())
+        engine.pool.check()
+    return [engine.release(i).token_ids for i in ids], traces
+
+
+def test_batched_equals_alone_with_chunked_prefill_and_preemption(model):
+    prompts = mixed_prompts()
+    params = [tinyinfer.SamplingParams(temperature=0, max_tokens=int(n))
+              for n in np.random.default_rng(1).integers(4, 24, len(prompts))]
+    alone = [tinyinfer.Engine(model).generate([p], sp)[0].token_ids for p, sp in zip(prompts, params)]
+    # A tiny pool and token budget force chunked prefill and preemption mid-decode.
+    engine = tinyinfer.Engine(model, num_pages=24, block_size=4, max_num_batched_tokens=40)
+    together, traces = run_all(engine, prompts, params)
+    assert together == alone
+    chunked = [s for t in traces for s in t.seqs if s.kind == "prefill" and s.start > s.cached_tokens]
+    assert chunked, "no prompt was split across steps"
+    assert sum(len(t.preempted) for t in traces) > 0, "the tiny pool never forced a preemption"
+    assert any(len(t.seqs) > 1 and {s.kind for s in t.seqs} == {"prefill", "decode"} for t in traces)
+    assert engine.pool.num_used_pages == 0
+
+
+def test_requests_join_between_steps(model):
+    engine = tinyinfer.Engine(model)
+    first = engine.add_request([1, 2, 3], GREEDY)
+    for _ in range(3):
+        engine.step()
+    second = engine.add_request([4, 5, 6, 7], GREEDY)
+    trace = engine.step()
+    assert {s.request_id: s.kind for s in trace.seqs} == {first: "decode", second: "prefill"}
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.release(second).token_ids == tinyinfer.Engine(model).generate([[4, 5, 6, 7]], GREEDY)[0].token_ids
+    engine.release(first)
+
+
+def test_prefix_cache_reuses_full_pages_of_a_shared_system_prompt(model):
+    system = list(range(10, 50))  # 40 tokens: two full pages of 16, plus 8
+    engine = tinyinfer.Engine(model, block_size=16)
+    engine.generate([system + [7, 8, 9]], GREEDY)
+    rid = engine.add_request(system + [60, 61], GREEDY)
+    first = engine.step()
+    (admitted,) = first.seqs
+    assert admitted.cached_tokens == 32 and admitted.start == 32 and admitted.end == 42
+    assert len(first.prefix_hit_pages) == 2
+    while engine.has_unfinished():
+        engine.step()
+    cached_output = engine.release(rid).token_ids
+    fresh = tinyinfer.Engine(model, enable_prefix_caching=False)
+    assert cached_output == fresh.generate([system + [60, 61]], GREEDY)[0].token_ids
+    assert engine.pool.prefix_hits == 32
+
+
+def test_abort_frees_pages_and_keeps_others_running(model):
+    engine = tinyinfer.Engine(model, block_size=4)
+    keep = engine.add_request(mixed_prompts(1, seed=5)[0], GREEDY)
+    drop = engine.add_request(list(range(30)), tinyinfer.SamplingParams(max_tokens=50))
+    engine.step()
+    used = engine.pool.num_used_pages
+    engine.abort_request(drop)
+    assert engine.pool.num_used_pages < used
+    assert engine.completion(drop).finish_reason == "abort"
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.release(keep).finish_reason == "length"
+    assert engine.pool.num_used_pages == 0
+
+
+def test_static_batching_waits_for_the_longest_member(model):
+    prompts = mixed_prompts(8, seed=2)
+    params = [tinyinfer.SamplingParams(temperature=0, max_tokens=n) for n in (2, 20) * 4]
+    cont_out, cont = run_all(tinyinfer.Engine(model, max_num_seqs=4), prompts, params)
+    static_out, static = run_all(tinyinfer.Engine(model, max_num_seqs=4, batching="static"),
+                                 prompts, params)
+    assert static_out == cont_out
+    assert len(static) > len(cont)
+    for trace in static:  # nobody is admitted while an earlier batch is still running
+        if trace.admitted:
+            assert all(s.seq_id in trace.admitted for s in trace.seqs)
+
+
+def test_contiguous_allocation_reserves_a_whole_context(model):
+    engine = tinyinfer.Engine(model, kv_allocation="contiguous", block_size=16, num_pages=64)
+    engine.add_request([1, 2, 3], GREEDY)
+    trace = engine.step()
+    assert len(trace.pages_allocated) == model.config.max_model_len // 16
+
+
+def test_same_seed_gives_same_tokens_alone_or_batched(model):
+    params = tinyinfer.SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=16)
+    alone = tinyinfer.Engine(model).generate([[5, 6, 7]], params)[0].token_ids
+    others = [tinyinfer.SamplingParams(temperature=1.0, max_tokens=10, seed=s) for s in range(3)]
+    batch = tinyinfer.Engine(model).generate([[1, 2], [5, 6, 7], [9], [3, 3]],
+                                             [others[0], params, others[1], others[2]])
+    assert batch[1].token_ids == alone
+    assert tinyinfer.Engine(model).generate([[5, 6, 7]], params)[0].token_ids == alone
+
+
+def test_trace_round_trips_through_json(model):
+    engine = tinyinfer.Engine(model, block_size=4)
+    engine.add_request([1, 2, 3, 4, 5], GREEDY)
+    traces = [engine.step() for _ in range(3)]
+    for trace in traces:
+        assert StepTrace.from_json(trace.to_json()) == trace
+    assert traces[0].prefill_tokens == 5 and traces[1].decode_tokens == 1
+    assert traces[0].pool.owners[traces[0].pages_allocated[0]] == (traces[0].seqs[0].seq_id,)

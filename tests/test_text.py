@@ -1,0 +1,74 @@
+"""Text in, text out: tokenizer, streaming, stop strings and the CLI on a model with a real BPE."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import tinyinfer
+
+
+@pytest.fixture(scope="module")
+def model(text_model_folder):
+    return tinyinfer.load(text_model_folder)
+
+
+def test_streamed_text_equals_final_text(model):
+    params = tinyinfer.SamplingParams(temperature=0.9, seed=7, max_tokens=40)
+    streamed = "".join(tinyinfer.Engine(model).stream("To be, or not", params))
+    final = tinyinfer.Engine(model).generate("To be, or not", params)[0]
+    assert streamed == final.text
+    assert final.text == model.tokenizer.decode(final.token_ids)
+
+
+def test_stop_string_cuts_text_and_finishes(model):
+    params = tinyinfer.SamplingParams(temperature=0.9, seed=3, max_tokens=60)
+    full = tinyinfer.Engine(model).generate("The slings", params)[0].text
+    stop = full[10:12]
+    cut = tinyinfer.Engine(model).generate("The slings", tinyinfer.SamplingParams(
+        temperature=0.9, seed=3, max_tokens=60, stop=stop))[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == full[: full.find(stop)]
+    streamed = "".join(tinyinfer.Engine(model).stream("The slings", tinyinfer.SamplingParams(
+        temperature=0.9, seed=3, max_tokens=60, stop=stop)))
+    assert streamed == cut.text
+
+
+def test_eos_token_finishes_unless_ignored(model):
+    eos = model.tokenizer.eos_token_id
+    assert eos is not None
+    stop_on = tinyinfer.SamplingParams(temperature=0, max_tokens=30, stop_token_ids=(eos,))
+    out = tinyinfer.Engine(model).generate("No more", stop_on)[0]
+    assert out.finish_reason in ("stop", "length")
+    if out.finish_reason == "stop":
+        assert out.token_ids[-1] == eos
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tinyinfer.cli", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_generate_streams_the_engine_output(model, text_model_folder):
+    result = run_cli("generate", "To be", "--model", str(text_model_folder),
+                     "--temperature", "0", "--max-tokens", "12")
+    assert result.returncode == 0, result.stderr
+    expected = tinyinfer.Engine(model).generate(
+        "To be", tinyinfer.SamplingParams(temperature=0, max_tokens=12))[0].text
+    assert result.stdout == "To be" + expected + "\n"
+
+
+def test_cli_info_describes_the_model(text_model_folder):
+    result = run_cli("info", "--model", str(text_model_folder))
+    assert result.returncode == 0, result.stderr
+    assert "GQA" in result.stdout and "KV cache per token" in result.stdout
+
+
+def test_cli_errors_are_one_clear_line(text_model_folder, tmp_path):
+    result = run_cli("generate", "hi", "--model", str(tmp_path / "missing"))
+    assert result.returncode == 2
+    assert result.stderr.startswith("tinyinfer: error: model") and "Traceback" not in result.stderr
+    result = run_cli("generate", "hi", "--model", str(text_model_folder), "--top-p", "0")
+    assert result.returncode == 2 and "top_p" in result.stderr

@@ -1,0 +1,131 @@
+"""The `tinyinfer` command: generate, info, bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Sequence
+
+from tinyinfer.errors import TinyInferError
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="bundled",
+                        help="'bundled', 'bundled-draft' or a Hugging Face model folder (default: bundled)")
+    parser.add_argument("--runner", choices=("numpy", "torch"), default="numpy",
+                        help="numpy = readable reference, torch = fast path (default: numpy)")
+    parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (torch runner)")
+    parser.add_argument("--dtype", default=None,
+                        help="float32/float64 (numpy); float32/float16/bfloat16 (torch)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tinyinfer",
+        description="An LLM inference engine you can step through. Runs offline on its bundled model.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    gen = sub.add_parser("generate", help="generate text from a prompt, streamed as it is produced")
+    gen.add_argument("prompt", help="the prompt text")
+    _add_model_args(gen)
+    gen.add_argument("--max-tokens", type=int, default=100, help="tokens to generate (default: 100)")
+    gen.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: 0.8)")
+    gen.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default: 0.95)")
+    gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    gen.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * p_max")
+    gen.add_argument("--repetition-penalty", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None, help="same seed, same text")
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--stats", action="store_true", help="print TTFT and tokens/s to stderr")
+
+    info = sub.add_parser("info", help="architecture, parameters, weight and KV-cache memory")
+    _add_model_args(info)
+    return parser
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import tinyinfer
+
+    params = tinyinfer.SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+        seed=args.seed, stop=tuple(args.stop),
+    )
+    model = tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype)
+    engine = tinyinfer.Engine(model)
+    start = time.perf_counter()
+    first = None
+    pieces = 0
+    sys.stdout.write(args.prompt)
+    sys.stdout.flush()
+    for piece in engine.stream(args.prompt, params):
+        first = first or time.perf_counter()
+        pieces += 1
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    if args.stats and first is not None:
+        end = time.perf_counter()
+        print(f"[{model.name} on {model.runner.name}] time to first token {1e3 * (first - start):.0f} ms, "
+              f"{pieces} text pieces in {end - start:.2f} s", file=sys.stderr)
+    return 0
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from tinyinfer.config import load_config
+    from tinyinfer.loading import resolve_source
+
+    path, name = resolve_source(args.model)
+    c = load_config(path)
+    params = c.num_parameters
+    rows = [
+        ("model", f"{name} ({path})"),
+        ("architecture", f"{c.model_type} (family {c.family})"),
+        ("layers", str(c.num_layers)),
+        ("hidden size", str(c.hidden_size)),
+        ("attention", f"{c.num_heads} query heads, {c.num_kv_heads} KV heads, head dim {c.head_dim}"
+                      + (" (GQA)" if 1 < c.num_kv_heads < c.num_heads else
+                         " (MQA)" if c.num_kv_heads == 1 < c.num_heads else " (MHA)")),
+        ("MLP", f"{c.intermediate_size} wide, " + ("SwiGLU" if c.family == "llama" else "GELU")),
+        ("positions", f"RoPE theta {c.rope_theta:g}" if c.uses_rope else "learned"),
+        ("vocabulary", str(c.vocab_size)),
+        ("context", f"{c.max_model_len} tokens"),
+        ("parameters", f"{params:,}"),
+        ("stored as", c.dtype),
+        ("weights fp32 / 16-bit", f"{_human_bytes(4 * params)} / {_human_bytes(2 * params)}"),
+        ("KV cache per token", f"{_human_bytes(c.kv_bytes_per_token(2))} at 16-bit, "
+                               f"{_human_bytes(c.kv_bytes_per_token(4))} at fp32"),
+        ("KV cache, full context", _human_bytes(c.kv_bytes_per_token(2) * c.max_model_len) + " at 16-bit"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "info": cmd_info}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except TinyInferError as exc:
+        print(f"tinyinfer: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -42,7 +42,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="architecture, parameters, weight and KV-cache memory")
     _add_model_args(info)
+    bench = sub.add_parser("bench", help="measure the engine on reproducible synthetic workloads")
+    bench.add_argument("workload", choices=("batching", "prefix"),
+                       help="batching: continuous vs static, paged vs contiguous (C8, C9); "
+                            "prefix: TTFT with and without a prefix-cache hit (C17)")
+    _add_model_args(bench)
+    bench.add_argument("--requests", type=int, default=200, help="requests in the batching workload")
+    bench.add_argument("--max-num-seqs", type=int, default=16, help="concurrent sequences")
+    bench.add_argument("--system-tokens", type=int, default=512, help="shared prefix length (prefix)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--json", default=None, help="also write the results as JSON to this file")
     return parser
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import tinyinfer
+    from tinyinfer import bench
+
+    model = tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype)
+    print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)
+    if args.workload == "batching":
+        results = bench.bench_batching(model, args.requests, args.max_num_seqs, seed=args.seed)
+        print(bench.batching_table(results))
+    else:
+        results = bench.bench_prefix(model, system_tokens=args.system_tokens, seed=args.seed)
+        print(f"shared prefix {results.system_tokens} tokens: TTFT miss {results.ttft_miss_ms:.1f} ms, "
+              f"hit {results.ttft_hit_ms:.1f} ms ({results.cached_tokens} tokens cached), "
+              f"{results.speedup:.1f}x faster")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(bench.to_json(results))
+    return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -113,7 +143,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "info": cmd_info}
+COMMANDS = {"generate": cmd_generate, "info": cmd_info, "bench": cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

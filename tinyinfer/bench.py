@@ -1,0 +1,152 @@
+"""Measurements of the engine on reproducible synthetic workloads.
+
+* ``batching``: the same requests through continuous vs static batching and paged vs
+  contiguous KV allocation — throughput (claim C8) and KV memory waste (claim C9).
+* ``prefix``: time to first token with and without a prefix-cache hit on a long shared
+  system prompt (claim C17).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from tinyinfer.engine import Engine
+from tinyinfer.loading import Model
+from tinyinfer.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+
+
+def make_workload(num_requests: int, vocab_size: int, max_model_len: int,
+                  seed: int = 0) -> list[Request]:
+    """Requests with a chat-like spread: log-normal prompt and output lengths, clipped to fit."""
+    rng = np.random.default_rng(seed)
+    prompts = np.clip(rng.lognormal(np.log(120), 0.8, num_requests), 4, max_model_len // 2)
+    outputs = np.clip(rng.lognormal(np.log(80), 0.9, num_requests), 2, max_model_len // 2)
+    return [Request(tuple(rng.integers(0, vocab_size, int(p)).tolist()), int(o))
+            for p, o in zip(prompts, outputs)]
+
+
+@dataclass(frozen=True)
+class WorkloadResult:
+    mode: str
+    requests: int
+    output_tokens: int
+    seconds: float
+    steps: int
+    tokens_per_second: float
+    mean_running: float
+    kv_waste: float  # time-averaged share of allocated KV slots holding no token
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+
+
+def run_workload(model: Model, workload: list[Request], mode: str,
+                 **engine_kwargs: Any) -> WorkloadResult:
+    """Push every request in at once and step until all finish; greedy, EOS ignored."""
+    engine = Engine(model, **engine_kwargs)
+    ids = [engine.add_request(list(r.prompt_ids),
+                              SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True))
+           for r in workload]
+    steps, running, allocated_slots, written_slots = 0, 0, 0, 0
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        trace = engine.step()
+        steps += 1
+        running += trace.num_running + len(trace.finished)
+        allocated_slots += engine.pool.num_used_pages * engine.pool.block_size
+        written_slots += sum(s.num_computed for s in engine.scheduler.running)
+    seconds = time.perf_counter() - start
+    done = [engine.release(i) for i in ids]
+    ttfts = sorted(1e3 * c.metrics.ttft for c in done)
+    output_tokens = sum(len(c.token_ids) for c in done)
+    return WorkloadResult(
+        mode=mode, requests=len(workload), output_tokens=output_tokens, seconds=seconds,
+        steps=steps, tokens_per_second=output_tokens / seconds, mean_running=running / steps,
+        kv_waste=1 - written_slots / allocated_slots if allocated_slots else 0.0,
+        ttft_p50_ms=statistics.median(ttfts), ttft_p95_ms=ttfts[int(0.95 * (len(ttfts) - 1))],
+    )
+
+
+BATCHING_MODES = {
+    "continuous + paged": dict(batching="continuous", kv_allocation="paged"),
+    "static + paged": dict(batching="static", kv_allocation="paged"),
+    "continuous + contiguous": dict(batching="continuous", kv_allocation="contiguous"),
+}
+
+
+def bench_batching(model: Model, num_requests: int = 200, max_num_seqs: int = 16,
+                   num_pages: int | None = None, seed: int = 0) -> list[WorkloadResult]:
+    """Same workload and page pool through each batching / allocation mode."""
+    block_size = 16
+    full_context = -(-model.config.max_model_len // block_size)
+    num_pages = num_pages or max_num_seqs * full_context
+    workload = make_workload(num_requests, model.config.vocab_size, model.config.max_model_len, seed)
+    return [run_workload(model, workload, mode, max_num_seqs=max_num_seqs, num_pages=num_pages,
+                         block_size=block_size, enable_prefix_caching=False, **kwargs)
+            for mode, kwargs in BATCHING_MODES.items()]
+
+
+@dataclass(frozen=True)
+class PrefixResult:
+    system_tokens: int
+    ttft_miss_ms: float
+    ttft_hit_ms: float
+    cached_tokens: int
+
+    @property
+    def speedup(self) -> float:
+        return self.ttft_miss_ms / self.ttft_hit_ms
+
+
+def _ttft_ms(engine: Engine, prompt: list[int]) -> tuple[float, int]:
+    rid = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=1))
+    while engine.has_unfinished():
+        engine.step()
+    done = engine.release(rid)
+    return 1e3 * done.metrics.ttft, done.metrics.cached_tokens
+
+
+def bench_prefix(model: Model, system_tokens: int = 512, user_tokens: int = 16,
+                 repeats: int = 5, seed: int = 0) -> PrefixResult:
+    """TTFT of a new question after a long system prompt: cold cache vs shared prefix."""
+    rng = np.random.default_rng(seed)
+    system = rng.integers(0, model.config.vocab_size, system_tokens).tolist()
+    def question() -> list[int]:
+        return rng.integers(0, model.config.vocab_size, user_tokens).tolist()
+    misses, hits, cached = [], [], 0
+    for _ in range(repeats):
+        misses.append(_ttft_ms(Engine(model, enable_prefix_caching=True), system + question())[0])
+        warm = Engine(model, enable_prefix_caching=True)
+        _ttft_ms(warm, system + question())
+        hit_ms, cached = _ttft_ms(warm, system + question())
+        hits.append(hit_ms)
+    return PrefixResult(system_tokens, statistics.median(misses), statistics.median(hits), cached)
+
+
+def batching_table(results: list[WorkloadResult]) -> str:
+    base = results[0].tokens_per_second
+    lines = [f"{'mode':<26}{'tok/s':>9}{'vs cont.':>10}{'steps':>8}{'running':>9}"
+             f"{'KV waste':>10}{'TTFT p50':>10}{'TTFT p95':>10}"]
+    for r in results:
+        lines.append(f"{r.mode:<26}{r.tokens_per_second:>9.1f}{r.tokens_per_second / base:>9.2f}x"
+                     f"{r.steps:>8}{r.mean_running:>9.1f}{100 * r.kv_waste:>9.1f}%"
+                     f"{r.ttft_p50_ms:>8.0f}ms{r.ttft_p95_ms:>8.0f}ms")
+    return "\n".join(lines)
+
+
+def to_json(obj: Any) -> str:
+    if isinstance(obj, list):
+        return json.dumps([asdict(o) for o in obj], indent=2)
+    return json.dumps({**asdict(obj), **({"speedup": obj.speedup} if hasattr(obj, "speedup") else {})},
+                      indent=2)

@@ -136,3 +136,17 @@ def test_trace_round_trips_through_json(model):
         assert StepTrace.from_json(trace.to_json()) == trace
     assert traces[0].prefill_tokens == 5 and traces[1].decode_tokens == 1
     assert traces[0].pool.owners[traces[0].pages_allocated[0]] == (traces[0].seqs[0].seq_id,)
+
+
+def test_full_detail_records_top_logits_and_reference_attention(model):
+    engine = tinyinfer.Engine(model, detail="full")
+    engine.add_request([3, 1, 4, 1, 5], GREEDY)
+    prefill, decode = engine.step(), engine.step()
+    (seq,) = decode.seqs
+    assert len(seq.top_logits) == 64 and seq.top_logits[0][0] == seq.token_id
+    if model.runner.name == "numpy":
+        layers, heads = model.config.num_layers, model.config.num_heads
+        assert len(seq.attention) == layers and len(seq.attention[0]) == heads
+        assert len(seq.attention[0][0]) == 6  # the decoded token attends over 6 positions
+        assert abs(sum(seq.attention[1][2]) - 1) < 1e-5
+    assert StepTrace.from_json(decode.to_json()) == decode

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -25,6 +26,8 @@ from tinyinfer.tokenizer import IncrementalDecoder
 from tinyinfer.trace import Candidate, PoolView, SeqStep, StepTrace
 
 DEFAULT_KV_MEMORY = 256 * 1024 * 1024
+DETAIL_LEVELS = ("basic", "full")
+TOP_LOGITS = 64
 
 
 @dataclass
@@ -73,8 +76,13 @@ class Engine:
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 512,
                  enable_prefix_caching: bool = True, batching: str = "continuous",
                  kv_allocation: str = "paged", kv_cache_memory: int = DEFAULT_KV_MEMORY,
-                 seed: int = 0):
+                 seed: int = 0, detail: str = "basic"):
+        if detail not in DETAIL_LEVELS:
+            raise TinyInferError(f"detail must be one of {DETAIL_LEVELS}, not {detail!r}")
         self.model = model
+        self.detail = detail
+        if hasattr(model.runner, "capture_attention"):
+            model.runner.capture_attention = detail == "full"
         config = model.config
         if num_pages is None:
             page_bytes = config.kv_bytes_per_token(bytes_per_value=4) * block_size
@@ -184,6 +192,8 @@ class Engine:
         steps, finished, freed = [], [], []
         for row, chunk in enumerate(out.chunks):
             seq_step, pages = self._advance(chunk, logits[row])
+            if self.detail == "full":
+                seq_step = self._with_detail(seq_step, row, logits[row])
             steps.append(seq_step)
             if seq_step.finish_reason is not None:
                 finished.append(chunk.seq.seq_id)
@@ -274,6 +284,17 @@ class Engine:
         if seq.num_tokens >= self.model.config.max_model_len:
             return "length"
         return None
+
+    def _with_detail(self, seq_step: SeqStep, row: int, logits: np.ndarray) -> SeqStep:
+        """Attach raw top logits and (reference runner) attention weights to a step record."""
+        top = np.argsort(-logits, kind="stable")[:TOP_LOGITS]
+        captured = getattr(self.model.runner, "last_attention", [])
+        attention = ()
+        if row < len(captured):
+            attention = tuple(tuple(tuple(float(x) for x in head) for head in layer)
+                              for layer in captured[row])
+        return dataclasses.replace(
+            seq_step, top_logits=tuple((int(t), float(logits[t])) for t in top), attention=attention)
 
     def _candidates(self, choice: TokenChoice) -> tuple[Candidate, ...]:
         tokenizer = self.model._tokenizer

@@ -35,6 +35,10 @@ class SeqStep:
     logprob: float | None = None
     candidates: tuple[Candidate, ...] = ()
     finish_reason: str | None = None  # "stop", "length", "abort" once finished
+    # detail="full" only: raw logits of the most likely tokens (UIs re-apply sampling filters
+    # live), and the last query's attention weights per layer and head (reference runner).
+    top_logits: tuple[tuple[int, float], ...] = ()
+    attention: tuple[tuple[tuple[float, ...], ...], ...] = ()  # [layer][head][context]
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,9 @@ class StepTrace:
 
 def _step_from_dict(d: dict[str, Any]) -> StepTrace:
     seqs = tuple(
-        SeqStep(**{**s, "candidates": tuple(Candidate(**c) for c in s["candidates"])})
+        SeqStep(**{**s, "candidates": tuple(Candidate(**c) for c in s["candidates"]),
+                   "top_logits": tuple(tuple(x) for x in s["top_logits"]),
+                   "attention": tuple(tuple(tuple(h) for h in layer) for layer in s["attention"])})
         for s in d["seqs"]
     )
     pool = d.get("pool")

@@ -77,12 +77,12 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
-              q_positions: np.ndarray) -> np.ndarray:
+              q_positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Causal attention of one sequence's new queries over its whole context.
 
     q: [Tq, H, hd] (positions q_positions), k, v: [N, Hkv, hd] for positions 0..N-1.
     With grouped-query attention, each group of H/Hkv query heads shares one K/V head.
-    Returns [Tq, H, hd].
+    Returns the output [Tq, H, hd] and the attention weights [H, Tq, N].
     """
     num_heads, num_kv_heads = q.shape[1], k.shape[1]
     group = num_heads // num_kv_heads
@@ -92,7 +92,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
     future = np.arange(k.shape[0])[None, :] > q_positions[:, None]  # [Tq, N]
     scores = np.where(future[None], -np.inf, scores)
     weights = softmax(scores, axis=-1)
-    return np.einsum("htn,nhd->thd", weights, v)
+    return np.einsum("htn,nhd->thd", weights, v), weights
 
 
 # ---------------------------------------------------------------- paged KV storage
@@ -135,6 +135,10 @@ class NumpyRunner:
             raise ValueError(f"the NumPy runner computes in float32 or float64, not {dtype}")
         self.config = config
         self.dtype = np.dtype(dtype)
+        # Opt-in detail for UIs: per sequence of the last batch, per layer, the attention
+        # weights [H, N] of its last query row.
+        self.capture_attention = False
+        self.last_attention: list[list[np.ndarray]] = []
         self.w = {name: np.asarray(value, dtype=self.dtype) for name, value in weights.items()}
         if config.uses_rope:
             self.inv_freq = np.asarray(rope_inverse_frequencies(config), dtype=np.float64)
@@ -156,6 +160,7 @@ class NumpyRunner:
     def forward(self, batch: Batch, kv_cache: NumpyKVCache) -> np.ndarray:
         """Embed, run every layer, and return logits for the batch's logits_rows. -> [R, V]."""
         c, w = self.config, self.w
+        self.last_attention = [[] for _ in range(batch.num_seqs)]
         x = embedding(w["embed"], batch.token_ids)  # [T, D]
         if c.family == "gpt2":
             x = x + embedding(w["pos_embed"], batch.positions)
@@ -189,7 +194,9 @@ class NumpyRunner:
         for b in range(batch.num_seqs):
             rows = slice(batch.query_starts[b], batch.query_starts[b + 1])
             k_ctx, v_ctx = kv.gather(layer, batch.block_tables[b], int(batch.context_lens[b]))
-            out[rows] = attention(q[rows], k_ctx, v_ctx, batch.positions[rows])
+            out[rows], weights = attention(q[rows], k_ctx, v_ctx, batch.positions[rows])
+            if self.capture_attention:
+                self.last_attention[b].append(weights[:, -1, :])
         return linear(out.reshape(len(x), -1), w[p + "o.weight"], w.get(p + "o.bias"))
 
     def mlp_block(self, layer: int, x: np.ndarray) -> np.ndarray:

@@ -38,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--repetition-penalty", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None, help="same seed, same text")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--speculative", choices=("draft", "lookup"), default=None,
+                     help="speculative decoding: 'draft' uses --draft-model, 'lookup' prompt n-grams")
+    gen.add_argument("--draft-model", default="bundled-draft",
+                     help="draft model for --speculative draft (default: bundled-draft)")
+    gen.add_argument("--num-draft", type=int, default=4, help="tokens drafted per step (default: 4)")
     gen.add_argument("--stats", action="store_true", help="print TTFT and tokens/s to stderr")
 
     info = sub.add_parser("info", help="architecture, parameters, weight and KV-cache memory")
@@ -84,7 +89,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         seed=args.seed, stop=tuple(args.stop),
     )
     model = tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype)
-    engine = tinyinfer.Engine(model)
+    engine = tinyinfer.Engine(model, drafter=make_drafter(args), num_draft=args.num_draft)
     start = time.perf_counter()
     first = None
     pieces = 0
@@ -100,7 +105,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
         end = time.perf_counter()
         print(f"[{model.name} on {model.runner.name}] time to first token {1e3 * (first - start):.0f} ms, "
               f"{pieces} text pieces in {end - start:.2f} s", file=sys.stderr)
+        if engine.drafter is not None:
+            s = engine.spec_stats
+            print(f"[speculative {engine.drafter.name}] acceptance {100 * s.acceptance_rate:.0f}%, "
+                  f"{s.mean_accepted:.2f} accepted per step, {s.forwards_saved} target forwards saved",
+                  file=sys.stderr)
     return 0
+
+
+def make_drafter(args: argparse.Namespace):
+    """The drafter --speculative asks for, or None."""
+    import tinyinfer
+    from tinyinfer.speculative import DraftModelDrafter, PromptLookupDrafter
+
+    if args.speculative == "lookup":
+        return PromptLookupDrafter()
+    if args.speculative == "draft":
+        draft = tinyinfer.load(args.draft_model, runner=args.runner, device=args.device,
+                               dtype=args.dtype)
+        return DraftModelDrafter(draft)
+    return None
 
 
 def _human_bytes(n: float) -> str:

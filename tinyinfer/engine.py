@@ -21,6 +21,7 @@ from tinyinfer.kv import PagePool
 from tinyinfer.loading import Model, check_token_ids
 from tinyinfer.model.runner import make_batch
 from tinyinfer.sampling import SamplingParams, TokenChoice, find_stop, sample_next, stop_holdback
+from tinyinfer.speculative import Draft, Drafter, SpeculativeStats, verify
 from tinyinfer.scheduler import Chunk, Scheduler, SchedulerConfig, Sequence
 from tinyinfer.tokenizer import IncrementalDecoder
 from tinyinfer.trace import Candidate, PoolView, SeqStep, StepTrace
@@ -76,11 +77,17 @@ class Engine:
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 512,
                  enable_prefix_caching: bool = True, batching: str = "continuous",
                  kv_allocation: str = "paged", kv_cache_memory: int = DEFAULT_KV_MEMORY,
-                 seed: int = 0, detail: str = "basic"):
+                 seed: int = 0, detail: str = "basic", drafter: Drafter | None = None,
+                 num_draft: int = 4):
         if detail not in DETAIL_LEVELS:
             raise TinyInferError(f"detail must be one of {DETAIL_LEVELS}, not {detail!r}")
         self.model = model
         self.detail = detail
+        self.drafter = drafter
+        self.num_draft = num_draft if drafter is not None else 0
+        self.spec_stats = SpeculativeStats()
+        if drafter is not None:
+            _check_drafter(model, drafter, num_draft)
         if hasattr(model.runner, "capture_attention"):
             model.runner.capture_attention = detail == "full"
         config = model.config
@@ -94,7 +101,8 @@ class Engine:
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                             batching=batching, kv_allocation=kv_allocation,
-                            max_model_len=config.max_model_len),
+                            max_model_len=config.max_model_len,
+                            num_lookahead_slots=self.num_draft),
             self.pool,
         )
         self.kv_cache = model.runner.new_kv_cache(num_pages, block_size)
@@ -151,9 +159,7 @@ class Engine:
         if request is None:
             raise TinyInferError(f"no request with id {request_id!r}")
         if request.seq.finish_reason is None:
-            request.seq.finish_reason = "abort"
-            request.metrics.finished = time.perf_counter()
-            self.scheduler.finish(request.seq)
+            self._finish(request.seq, "abort")
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -187,19 +193,29 @@ class Engine:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         t1 = time.perf_counter()
-        logits = self._forward(out.chunks) if out.chunks else np.zeros((0, 0), np.float32)
+        drafts = self._draft(out.chunks)
         t2 = time.perf_counter()
+        logits, rows = self._forward(out.chunks, drafts)
+        t3 = time.perf_counter()
         steps, finished, freed = [], [], []
-        for row, chunk in enumerate(out.chunks):
-            seq_step, pages = self._advance(chunk, logits[row])
+        for chunk, rows_of_chunk in zip(out.chunks, rows):
+            draft = drafts.get(chunk.seq.seq_id)
+            if draft is not None:
+                seq_step, pages, last = self._advance_speculative(chunk, draft, logits[rows_of_chunk])
+            else:
+                seq_step, pages = self._advance(chunk, logits[rows_of_chunk.stop - 1])
+                last = rows_of_chunk.stop - 1
             if self.detail == "full":
-                seq_step = self._with_detail(seq_step, row, logits[row])
+                seq_step = self._with_detail(seq_step, len(steps), logits[last])
             steps.append(seq_step)
             if seq_step.finish_reason is not None:
                 finished.append(chunk.seq.seq_id)
                 freed += pages
-        t3 = time.perf_counter()
+        t4 = time.perf_counter()
         self.step_count += 1
+        timings = {"schedule": t1 - t0, "forward": t3 - t2, "sample": t4 - t3}
+        if self.drafter is not None:
+            timings["draft"] = t2 - t1
         return StepTrace(
             step=self.step_count,
             seqs=tuple(steps),
@@ -209,54 +225,118 @@ class Engine:
             pages_allocated=tuple(out.pages_allocated),
             pages_freed=tuple(freed),
             prefix_hit_pages=tuple(out.prefix_hit_pages),
-            num_batched_tokens=sum(c.end - c.start for c in out.chunks),
+            num_batched_tokens=sum(s.end - s.start for s in steps),
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             pool=self.pool_view(),
-            timings={"schedule": t1 - t0, "forward": t2 - t1, "sample": t3 - t2},
+            timings=timings,
         )
 
-    def _forward(self, chunks: list[Chunk]) -> np.ndarray:
-        batch = make_batch(
-            [(c.seq.all_ids[c.start:c.end], c.start, self.pool.block_table(c.seq.seq_id), False)
-             for c in chunks],
-            self.pool.block_size,
-        )
-        return self.model.runner.forward(batch, self.kv_cache)
+    def _draft(self, chunks: list[Chunk]) -> dict[int, Draft]:
+        """Ask the drafter for guesses for every decoding sequence (speculative mode only)."""
+        if self.drafter is None:
+            return {}
+        seqs = [c.seq for c in chunks if c.kind == "decode"]
+        ks = [self.scheduler.lookahead(seq) for seq in seqs]
+        drafts = self.drafter.propose(seqs, ks)
+        return {seq.seq_id: d for seq, d in zip(seqs, drafts) if d.tokens}
+
+    def _forward(self, chunks: list[Chunk], drafts: dict[int, Draft]) -> tuple[np.ndarray, list[slice]]:
+        """One runner call for the whole batch; returns logits and each chunk's rows of them."""
+        if not chunks:
+            return np.zeros((0, 0), np.float32), []
+        entries, rows, row = [], [], 0
+        for c in chunks:
+            draft = drafts.get(c.seq.seq_id)
+            tokens = c.seq.all_ids[c.start:c.end] + list(draft.tokens if draft else ())
+            entries.append((tokens, c.start, self.pool.block_table(c.seq.seq_id), draft is not None))
+            n_rows = len(tokens) if draft else 1
+            rows.append(slice(row, row + n_rows))
+            row += n_rows
+        batch = make_batch(entries, self.pool.block_size)
+        return self.model.runner.forward(batch, self.kv_cache), rows
+
+    def _base_step(self, chunk: Chunk) -> dict:
+        seq = chunk.seq
+        request = self._requests[seq.request_id]
+        if chunk.cached_tokens:
+            request.metrics.cached_tokens = chunk.cached_tokens
+        request.metrics.num_preemptions = seq.num_preemptions
+        return dict(seq_id=seq.seq_id, request_id=seq.request_id, kind=chunk.kind,
+                    start=chunk.start, end=chunk.end, cached_tokens=chunk.cached_tokens)
 
     def _advance(self, chunk: Chunk, logits: np.ndarray) -> tuple[SeqStep, list[int]]:
         """Record a computed chunk; if it reached the end, sample and apply stop rules."""
         seq = chunk.seq
-        request = self._requests[seq.request_id]
+        base = self._base_step(chunk)
         seq.num_computed = chunk.end
         self.pool.commit(seq.seq_id, seq.all_ids[:chunk.end])
-        if chunk.cached_tokens:
-            request.metrics.cached_tokens = chunk.cached_tokens
-        request.metrics.num_preemptions = seq.num_preemptions
-        base = dict(seq_id=seq.seq_id, request_id=seq.request_id, kind=chunk.kind,
-                    start=chunk.start, end=chunk.end, cached_tokens=chunk.cached_tokens)
         if not chunk.samples:
             return SeqStep(**base), []
         eos = self.model.eos_token_ids
         choice = sample_next(logits, seq.params, seq.prompt_ids, seq.output_ids, seq.rng,
                              eos_token_id=eos[0] if eos else None)
-        seq.output_ids.append(choice.token_id)
-        request.choices.append(choice)
-        now = time.perf_counter()
-        if request.metrics.first_token is None:
-            request.metrics.first_token = now
-        token_text, hit_stop = self._emit_text(request, choice.token_id)
-        reason = "stop" if hit_stop else self._finish_reason(request, choice.token_id)
-        pages: list[int] = []
-        if reason is not None:
-            seq.finish_reason = reason
-            request.metrics.finished = now
-            if request.decoder is not None and reason == "length":
-                request.text += request.decoder.flush()
-            pages = self.scheduler.finish(seq)
+        token_text, reason = self._accept(seq, choice)
+        pages = self._finish(seq, reason) if reason is not None else []
         return SeqStep(**base, token_id=choice.token_id, token_text=token_text,
                        logprob=choice.logprob, candidates=self._candidates(choice),
                        finish_reason=reason), pages
+
+    def _advance_speculative(self, chunk: Chunk, draft: Draft,
+                             logits: np.ndarray) -> tuple[SeqStep, list[int], int]:
+        """Verify a draft with the target's logits [k + 1, V], emit 1..k+1 tokens, roll back the rest."""
+        seq = chunk.seq
+        base = self._base_step(chunk)
+        eos = self.model.eos_token_ids
+        result = verify(logits, draft, seq, eos_token_id=eos[0] if eos else None)
+        text, reason, emitted = "", None, []
+        for choice in result.choices:
+            piece, reason = self._accept(seq, choice)
+            text += piece
+            emitted.append(choice.token_id)
+            if reason is not None:
+                break
+        stats = self.spec_stats
+        stats.verify_steps += 1
+        stats.drafted += len(draft.tokens)
+        stats.accepted += result.accepted
+        stats.emitted += len(emitted)
+        if reason is not None:
+            pages = self._finish(seq, reason)
+        else:
+            # K/V is valid for the last token and the accepted guesses; the rest is rolled back.
+            seq.num_computed = chunk.end + result.accepted
+            self.pool.truncate(seq.seq_id, seq.num_computed)
+            self.pool.commit(seq.seq_id, seq.all_ids[:seq.num_computed])
+            self.drafter.rollback(seq)
+            pages = []
+        choice = result.choices[len(emitted) - 1]
+        return SeqStep(**{**base, "end": chunk.end + len(draft.tokens)}, token_id=choice.token_id,
+                       token_text=text, logprob=choice.logprob, candidates=self._candidates(choice),
+                       finish_reason=reason, draft_tokens=draft.tokens, accepted=result.accepted,
+                       emitted=tuple(emitted)), pages, len(emitted) - 1
+
+    def _accept(self, seq: Sequence, choice: TokenChoice) -> tuple[str, str | None]:
+        """Append a sampled token to the output; return its text and a finish reason, if any."""
+        request = self._requests[seq.request_id]
+        seq.output_ids.append(choice.token_id)
+        request.choices.append(choice)
+        if request.metrics.first_token is None:
+            request.metrics.first_token = time.perf_counter()
+        token_text, hit_stop = self._emit_text(request, choice.token_id)
+        reason = "stop" if hit_stop else self._finish_reason(request, choice.token_id)
+        return token_text, reason
+
+    def _finish(self, seq: Sequence, reason: str) -> list[int]:
+        """Mark a sequence finished and free its pages (and the drafter's)."""
+        request = self._requests[seq.request_id]
+        seq.finish_reason = reason
+        request.metrics.finished = time.perf_counter()
+        if request.decoder is not None and reason == "length":
+            request.text += request.decoder.flush()
+        if self.drafter is not None:
+            self.drafter.release(seq)
+        return self.scheduler.finish(seq)
 
     def _emit_text(self, request: _Request, token_id: int) -> tuple[str, bool]:
         """Append a token's text unless it is an end token; cut at a stop string if one appears."""
@@ -362,3 +442,14 @@ class Engine:
         while any(self.completion(i).finish_reason is None for i in ids):
             self.step()
         return [self.release(i) for i in ids]
+
+
+def _check_drafter(model: Model, drafter: Drafter, num_draft: int) -> None:
+    if not 1 <= num_draft <= 16:
+        raise TinyInferError(f"num_draft must be between 1 and 16, got {num_draft}")
+    draft_model = getattr(drafter, "model", None)
+    if draft_model is not None and draft_model.config.vocab_size != model.config.vocab_size:
+        raise TinyInferError(
+            f"the draft model's vocabulary ({draft_model.config.vocab_size}) differs from the "
+            f"target's ({model.config.vocab_size}): they must share a tokenizer"
+        )

@@ -296,6 +296,41 @@ class TokenChoice:
     top_logprobs: tuple[tuple[int, float], ...]  # (id, raw logprob) when params.logprobs is set
 
 
+def processed_probs(
+    logits: np.ndarray,
+    params: SamplingParams,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    *,
+    eos_token_id: int | None = None,
+) -> np.ndarray:
+    """The distribution p [V] a request samples from: penalties, min_tokens mask, filters."""
+    x = apply_penalties(logits, params, prompt_ids, output_ids)  # [V]
+    if len(output_ids) < params.min_tokens:
+        # Ending tokens are forbidden until min_tokens are out; ids beyond V can never appear.
+        banned = [*params.stop_token_ids, *(() if eos_token_id is None else (eos_token_id,))]
+        banned = [t for t in banned if 0 <= t < x.size]
+        x[banned] = -np.inf
+    return probs_from_logits(x, params)
+
+
+def describe_choice(
+    logits: np.ndarray, p: np.ndarray, token: int, params: SamplingParams
+) -> TokenChoice:
+    """What UIs and the API report about a chosen token: raw logprob, top candidates."""
+    raw_logprobs = log_softmax(logits)  # [V]
+    n_top = max(params.logprobs or 0, TUI_TOP_CANDIDATES)
+    top = tuple((int(i), float(p[i])) for i in _top_indices(p, n_top) if p[i] > 0)
+    top_logprobs = ()
+    if params.logprobs:
+        top_logprobs = tuple(
+            (int(i), float(raw_logprobs[i])) for i in _top_indices(raw_logprobs, params.logprobs)
+        )
+    return TokenChoice(
+        token_id=token, logprob=float(raw_logprobs[token]), top=top, top_logprobs=top_logprobs
+    )
+
+
 def sample_next(
     logits: np.ndarray,
     params: SamplingParams,
@@ -305,27 +340,10 @@ def sample_next(
     *,
     eos_token_id: int | None = None,
 ) -> TokenChoice:
-    """Pick one sequence's next token: penalties, min_tokens mask, p, then sample (or argmax)."""
-    raw_logprobs = log_softmax(logits)  # [V]
-    x = apply_penalties(logits, params, prompt_ids, output_ids)  # [V]
-    if len(output_ids) < params.min_tokens:
-        # Ending tokens are forbidden until min_tokens are out; ids beyond V can never appear.
-        banned = [*params.stop_token_ids, *(() if eos_token_id is None else (eos_token_id,))]
-        banned = [t for t in banned if 0 <= t < x.size]
-        x[banned] = -np.inf
-    p = probs_from_logits(x, params)  # [V]
+    """Pick the next token for one sequence: penalties, min_tokens mask, p, then sample or argmax."""
+    p = processed_probs(logits, params, prompt_ids, output_ids, eos_token_id=eos_token_id)
     token = int(np.argmax(p)) if params.greedy else sample_from_probs(p, rng)
-    n_top = max(params.logprobs or 0, TUI_TOP_CANDIDATES)
-    candidates = np.flatnonzero(p)  # tokens the sampler could have picked
-    top = tuple((int(i), float(p[i])) for i in candidates[_top_indices(p[candidates], n_top)])
-    top_logprobs = ()
-    if params.logprobs:
-        top_logprobs = tuple(
-            (int(i), float(raw_logprobs[i])) for i in _top_indices(raw_logprobs, params.logprobs)
-        )
-    return TokenChoice(
-        token_id=token, logprob=float(raw_logprobs[token]), top=top, top_logprobs=top_logprobs
-    )
+    return describe_choice(logits, p, token, params)
 
 
 def find_stop(text: str, stops: Sequence[str]) -> int | None:

@@ -13,7 +13,6 @@ for every request up front.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -84,6 +83,7 @@ class SchedulerConfig:
     batching: str = "continuous"  # or "static"
     kv_allocation: str = "paged"  # or "contiguous"
     max_model_len: int = 1024
+    num_lookahead_slots: int = 0  # extra slots a decoding sequence may fill (speculative drafts)
 
     def __post_init__(self) -> None:
         if self.batching not in ("continuous", "static"):
@@ -119,15 +119,21 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed, budget)
-            if not self._make_room(seq, seq.num_computed + n, out):
-                continue  # seq itself was preempted; it was the last running one
             kind = "prefill" if seq.is_prefilling else "decode"
+            extra = self.lookahead(seq) if kind == "decode" else 0
+            if not self._make_room(seq, seq.num_computed + n + extra, out):
+                continue  # seq itself was preempted; it was the last running one
             out.chunks.append(Chunk(seq, seq.num_computed, seq.num_computed + n, kind))
-            budget -= n
+            budget -= n + extra
             i += 1
         if self.config.batching == "continuous" or not batch_was_running:
             budget = self._admit(budget, out)
         return out
+
+    def lookahead(self, seq: Sequence) -> int:
+        """Draft slots a decoding sequence may use: never past its max_tokens."""
+        room = seq.params.max_tokens - len(seq.output_ids) - 1
+        return max(0, min(self.config.num_lookahead_slots, room))
 
     def _make_room(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
         """Ensure seq's pages cover num_tokens, preempting the newest sequences if needed."""
@@ -185,5 +191,3 @@ class Scheduler:
             self.waiting.remove(seq)
         return []
 
-    def pages_for(self, num_tokens: int) -> int:
-        return math.ceil(num_tokens / self.pool.block_size)

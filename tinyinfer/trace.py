@@ -37,6 +37,10 @@ class SeqStep:
     finish_reason: str | None = None  # "stop", "length", "abort" once finished
     # detail="full" only: raw logits of the most likely tokens (UIs re-apply sampling filters
     # live), and the last query's attention weights per layer and head (reference runner).
+    # speculative decoding: guesses checked this step, how many survived, all tokens emitted
+    draft_tokens: tuple[int, ...] = ()
+    accepted: int = 0
+    emitted: tuple[int, ...] = ()
     top_logits: tuple[tuple[int, float], ...] = ()
     attention: tuple[tuple[tuple[float, ...], ...], ...] = ()  # [layer][head][context]
 
@@ -91,6 +95,7 @@ class StepTrace:
 def _step_from_dict(d: dict[str, Any]) -> StepTrace:
     seqs = tuple(
         SeqStep(**{**s, "candidates": tuple(Candidate(**c) for c in s["candidates"]),
+                   "draft_tokens": tuple(s["draft_tokens"]), "emitted": tuple(s["emitted"]),
                    "top_logits": tuple(tuple(x) for x in s["top_logits"]),
                    "attention": tuple(tuple(tuple(h) for h in layer) for layer in s["attention"])})
         for s in d["seqs"]

@@ -1,0 +1,161 @@
+"""Speculative decoding: same tokens as plain greedy, same distribution as plain sampling."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import tinyinfer
+from tinyinfer.sampling import probs_from_logits
+from tinyinfer.speculative import DraftModelDrafter, PromptLookupDrafter
+
+
+@pytest.fixture
+def pair(oracle_model, runner_name):
+    target, _ = oracle_model("llama-gqa-untied")
+    draft, _ = oracle_model("llama-mqa-tied")
+    return tinyinfer.load(target, runner=runner_name), tinyinfer.load(draft, runner=runner_name)
+
+
+def repetitive_prompts(n: int) -> list[list[int]]:
+    rng = np.random.default_rng(7)
+    prompts = []
+    for i in range(n):
+        phrase = rng.integers(0, 320, 6 + i % 5).tolist()
+        prompts.append((phrase * 4)[: 10 + 3 * i])
+    return prompts
+
+
+@pytest.mark.parametrize("drafter_kind", ["draft", "lookup"])
+def test_greedy_speculative_equals_plain_greedy(pair, drafter_kind):
+    target, draft = pair
+    params = tinyinfer.SamplingParams(temperature=0, max_tokens=24)
+    prompts = repetitive_prompts(6)
+    plain = tinyinfer.Engine(target).generate(prompts, params)
+    drafter = DraftModelDrafter(draft) if drafter_kind == "draft" else PromptLookupDrafter()
+    engine = tinyinfer.Engine(target, drafter=drafter, num_draft=4)
+    single = [engine.generate([p], params)[0].token_ids for p in prompts]
+    batched = engine.generate(prompts, params)
+    assert single == [c.token_ids for c in plain]
+    assert [c.token_ids for c in batched] == [c.token_ids for c in plain]
+    assert engine.spec_stats.verify_steps > 0 and engine.spec_stats.drafted > 0
+    assert engine.pool.num_used_pages == 0
+    engine.pool.check()
+
+
+def test_rejections_leak_no_pages(pair):
+    target, draft = pair
+    drafter = DraftModelDrafter(draft, num_pages=64, block_size=4)
+    engine = tinyinfer.Engine(target, drafter=drafter, num_draft=5, block_size=4, num_pages=60,
+                              max_num_batched_tokens=48)
+    params = [tinyinfer.SamplingParams(temperature=1.0, seed=s, max_tokens=30) for s in range(8)]
+    ids = [engine.add_request(p, sp) for p, sp in zip(repetitive_prompts(8), params)]
+    saw_rejection = False
+    while engine.has_unfinished():
+        trace = engine.step()
+        engine.pool.check()
+        drafter.pool.check()
+        saw_rejection |= any(s.accepted < len(s.draft_tokens) for s in trace.seqs)
+    assert saw_rejection
+    assert all(len(engine.release(i).token_ids) == 30 for i in ids)
+    assert engine.pool.num_used_pages == 0 and drafter.pool.num_used_pages == 0
+    stats = engine.spec_stats
+    assert 0 < stats.acceptance_rate < 1 and stats.forwards_saved == stats.accepted
+
+
+def test_trace_shows_drafts_and_marks(pair):
+    target, _ = pair
+    engine = tinyinfer.Engine(target, drafter=PromptLookupDrafter(), num_draft=3, detail="full")
+    engine.add_request([5, 6, 7, 8, 5, 6, 7, 8, 5, 6], tinyinfer.SamplingParams(temperature=0, max_tokens=12))
+    traces = []
+    while engine.has_unfinished():
+        traces.append(engine.step())
+    spec = [s for t in traces for s in t.seqs if s.draft_tokens]
+    assert spec and all(len(s.emitted) == s.accepted + 1 or s.finish_reason for s in spec)
+    assert all(s.emitted[: s.accepted] == s.draft_tokens[: s.accepted] for s in spec)
+    assert "draft" in traces[-1].timings
+    assert tinyinfer.StepTrace.from_json(traces[-1].to_json()) == traces[-1]
+
+
+def test_prompt_lookup_finds_the_latest_match():
+    lookup = PromptLookupDrafter(max_ngram=2)
+    assert lookup.lookup([1, 2, 3, 4, 1, 2, 9, 9, 1, 2], 3) == [9, 9, 1]
+    assert lookup.lookup([1, 2, 3], 2) == []
+
+
+def test_mismatched_vocabularies_are_refused(oracle_model):
+    target, _ = oracle_model("llama-gqa-untied")
+    small, _ = oracle_model("tiny-vocab-draft")
+    with pytest.raises(tinyinfer.TinyInferError, match="vocabulary"):
+        tinyinfer.Engine(tinyinfer.load(target), drafter=DraftModelDrafter(tinyinfer.load(small)))
+
+
+# ---------------------------------------------------------------- distribution
+
+
+def chi_square_critical(dof: int, z: float = 3.0902) -> float:
+    """Wilson–Hilferty approximation of the chi-square quantile; z = 3.09 is alpha = 0.001."""
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+
+
+def exact_pair_distribution(model, prompt: list[int], params) -> np.ndarray:
+    """P(t2, t3) under plain sampling, summed over t1: [V, V], from the model's own logits."""
+    vocab = model.config.vocab_size
+    dist = np.zeros((vocab, vocab))
+    p1 = probs_from_logits(model.logits(prompt)[-1], params)
+    for t1 in range(vocab):
+        logits = model.logits(prompt + [t1])
+        p2 = probs_from_logits(logits[-1], params)
+        for t2 in range(vocab):
+            p3 = probs_from_logits(model.logits(prompt + [t1, t2])[-1], params)
+            dist[t2] += p1[t1] * p2[t2] * p3
+    return dist
+
+
+def chi_square(counts: np.ndarray, expected_probs: np.ndarray) -> tuple[float, int]:
+    """Statistic and degrees of freedom, pooling cells expected below 5."""
+    n = counts.sum()
+    expected = expected_probs.ravel() * n
+    observed = counts.ravel()
+    small = expected < 5
+    e = np.append(expected[~small], expected[small].sum())
+    o = np.append(observed[~small], observed[small].sum())
+    keep = e > 0
+    return float(((o[keep] - e[keep]) ** 2 / e[keep]).sum()), int(keep.sum() - 1)
+
+
+def sample_pairs(model, prompt, params, n: int, drafter=None) -> np.ndarray:
+    """Counts of (t2, t3) over n seeded generations of 4 tokens."""
+    vocab = model.config.vocab_size
+    counts = np.zeros((vocab, vocab), dtype=np.int64)
+    for batch_start in range(0, n, 500):
+        engine = tinyinfer.Engine(model, drafter=drafter, num_draft=2 if drafter else 4,
+                                  max_num_seqs=500, max_num_batched_tokens=4096)
+        seeds = range(batch_start, min(n, batch_start + 500))
+        for out in engine.generate([prompt] * len(seeds), [
+                tinyinfer.SamplingParams(temperature=1.0, max_tokens=4, seed=s, ignore_eos=True)
+                for s in seeds]):
+            counts[out.token_ids[1], out.token_ids[2]] += 1
+        if drafter is not None:
+            assert engine.spec_stats.verify_steps > 0
+    return counts
+
+
+def test_speculative_sampling_has_the_target_distribution(oracle_model):
+    """Chi-square at alpha = 0.001 cannot tell speculative sampling from the target's own
+    distribution; accepting every guess (the drafter's distribution) is caught by the same test."""
+    target = tinyinfer.load(oracle_model("tiny-vocab-target")[0], dtype="float64")
+    draft = tinyinfer.load(oracle_model("tiny-vocab-draft")[0], dtype="float64")
+    prompt = [1, 4, 2]
+    params = tinyinfer.SamplingParams(temperature=1.0)
+    expected = exact_pair_distribution(target, prompt, params)
+    n = 4000
+    speculative = sample_pairs(target, prompt, params, n, DraftModelDrafter(draft))
+    stat, dof = chi_square(speculative, expected)
+    assert stat < chi_square_critical(dof), (stat, dof)
+    accept_all = sample_pairs(draft, prompt, params, n)
+    stat_wrong, dof_wrong = chi_square(accept_all, expected)
+    assert stat_wrong > chi_square_critical(dof_wrong), (stat_wrong, dof_wrong)

@@ -1,0 +1,179 @@
+"""`tinyinfer simulate`: the roofline simulator as a table, a batch sweep plot, or a calibration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from tinyinfer.simulate import (
+    ASSUMPTIONS, HARDWARE, KV_PRECISIONS, MODEL_CONFIGS, WEIGHT_PRECISIONS, Efficiency, Scenario,
+    Simulation, SimulationError, model_preset, parameter_counts, simulate, sweep,
+)
+from tinyinfer.simulate_quantity import format_value
+
+DEFAULT_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+BLOCKS = " ▏▎▍▌▋▊▉█"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the `simulate` subcommand on the CLI's subparsers."""
+    p = subparsers.add_parser(
+        "simulate", help="predict memory, latency, throughput and cost of a model on hardware",
+        description="Roofline cost model: every number comes with the formula that produced it. "
+                    "Presets: --list. Assumptions: docs/simulator.md.")
+    p.add_argument("--model", default="llama-3-8b", help="model preset or a folder with config.json "
+                                                         "(default: llama-3-8b)")
+    p.add_argument("--hardware", default="h100", help="hardware preset (default: h100)")
+    p.add_argument("--weights", default="bf16", choices=tuple(WEIGHT_PRECISIONS), help="weight precision")
+    p.add_argument("--kv", default="bf16", choices=tuple(KV_PRECISIONS), help="KV cache precision")
+    p.add_argument("--batch", type=int, default=1, help="concurrent sequences (default: 1)")
+    p.add_argument("--prompt", type=int, default=1024, help="prompt tokens (default: 1024)")
+    p.add_argument("--output", type=int, default=256, help="output tokens (default: 256)")
+    p.add_argument("--context", type=int, default=None,
+                   help="total tokens per sequence; sets the prompt to context - output")
+    p.add_argument("--gpus", type=int, default=1, help="tensor-parallel devices (default: 1)")
+    p.add_argument("--spec-k", type=int, default=0, help="speculative draft tokens per step (0: off)")
+    p.add_argument("--acceptance", type=float, default=0.7, help="draft acceptance rate (default: 0.7)")
+    p.add_argument("--draft-model", default=None, help="draft model preset (default: free drafts, "
+                                                       "as with prompt lookup)")
+    p.add_argument("--price", type=float, default=None, help="$ per device-hour (default: the preset's)")
+    p.add_argument("--utilization", type=float, default=1.0, help="share of paid hours spent serving")
+    p.add_argument("--api-price", type=float, default=None,
+                   help="an API's $ per million tokens, for the break-even utilization (C20)")
+    p.add_argument("--compute-efficiency", type=float, default=Efficiency.compute,
+                   help=f"share of peak FLOP/s reached (default: {Efficiency.compute})")
+    p.add_argument("--bandwidth-efficiency", type=float, default=Efficiency.bandwidth,
+                   help=f"share of peak bandwidth reached (default: {Efficiency.bandwidth})")
+    p.add_argument("--step-overhead-ms", type=float, default=0.0, help="fixed cost per forward pass")
+    p.add_argument("--group-size", type=int, default=128, help="int4 weights per scale (default: 128)")
+    p.add_argument("--explain", action="append", default=[], metavar="NAME",
+                   help="show how a number was derived, e.g. tpot or kv_per_sequence ('all': every row)")
+    p.add_argument("--sweep", choices=("batch",), default=None,
+                   help="plot throughput and latency against batch size")
+    p.add_argument("--values", default=None, help="comma-separated sweep values (default: 1,2,4..512)")
+    p.add_argument("--list", action="store_true", help="list model and hardware presets")
+    p.add_argument("--json", action="store_true", help="print every number with its derivation as JSON")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure this device and the engine on it, fit efficiencies, compare")
+    p.add_argument("--device", default=None, help="torch device for --calibrate (default: cuda if any)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Carry out `tinyinfer simulate` with parsed arguments; returns the exit status."""
+    if args.list:
+        print(presets_table())
+        return 0
+    if args.calibrate:
+        from tinyinfer.simulate_calibrate import calibrate, calibration_report
+
+        result = calibrate(args.device, progress=lambda m: print(m, file=sys.stderr))
+        print(calibration_report(result))
+        return 0
+    scenario = scenario_from_args(args)
+    if args.sweep:
+        values = _parse_values(args.values) if args.values else DEFAULT_SWEEP
+        sims = sweep(scenario, args.sweep, values)
+        print(_header(scenario, with_batch=False))
+        print(sweep_plot(sims))
+        return 0
+    sim = simulate(scenario)
+    if args.json:
+        print(json.dumps({q.name: q.to_dict() for _, q in sim.rows()} | {"notes": list(sim.notes)}, indent=1))
+        return 0
+    print(_header(scenario))
+    print(simulation_table(sim))
+    names = [q.name for _, q in sim.rows()] if "all" in args.explain else args.explain
+    for name in names:
+        print()
+        print(sim.quantity(name).explain())
+    return 0
+
+
+def scenario_from_args(args: argparse.Namespace) -> Scenario:
+    """The Scenario the command-line flags describe."""
+    prompt = args.prompt
+    if args.context is not None:
+        prompt = args.context - args.output
+        if prompt < 1:
+            raise SimulationError(f"--context {args.context} leaves no prompt after --output "
+                                  f"{args.output}: raise the context or lower the output")
+    efficiency = Efficiency(args.compute_efficiency, args.bandwidth_efficiency, args.step_overhead_ms / 1e3)
+    return Scenario.of(args.model, args.hardware, weight_precision=args.weights, kv_precision=args.kv,
+                       batch=args.batch, prompt_tokens=prompt, output_tokens=args.output,
+                       num_gpus=args.gpus, spec_k=args.spec_k, spec_acceptance=args.acceptance,
+                       draft_model=args.draft_model, efficiency=efficiency, price_per_hour=args.price,
+                       utilization=args.utilization, api_price_per_million=args.api_price,
+                       group_size=args.group_size)
+
+
+def _parse_values(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SimulationError(f"--values takes comma-separated integers, e.g. 1,8,64; got {text!r}") from None
+
+
+def _header(s: Scenario, with_batch: bool = True) -> str:
+    gpus = f"{s.num_gpus} x " if s.num_gpus > 1 else ""
+    batch = f" · batch {s.batch}" if with_batch else ""
+    return (f"{s.model.title} on {gpus}{s.hardware.title} · weights {s.weight_precision} · KV "
+            f"{s.kv_precision}{batch} · prompt {s.prompt_tokens} + output {s.output_tokens} tokens")
+
+
+def simulation_table(sim: Simulation) -> str:
+    """The simulation as text: label, value, and the formula behind each number."""
+    rows = sim.rows()
+    width = max(len(label) for label, _ in rows)
+    lines = [f"{label:<{width}}  {q.human():>16}   {q.name}"
+             + (f" = {q.pretty_formula()}" if q.formula else "") for label, q in rows]
+    lines += [f"note: {n}" for n in sim.notes]
+    lines.append("expand any number: --explain NAME (e.g. --explain tpot); assumptions: docs/simulator.md")
+    return "\n".join(lines)
+
+
+def _bar(value: float, top: float, width: int) -> str:
+    """A horizontal bar of `width` cells for value/top, with eighth-cell resolution."""
+    eighths = round(8 * width * value / top) if top > 0 else 0
+    return ("█" * (eighths // 8) + (BLOCKS[eighths % 8] if eighths % 8 else "")).ljust(width)
+
+
+def sweep_plot(sims: Sequence[Simulation], width: int = 28) -> str:
+    """Bars of decode throughput and per-token latency for each simulated batch size."""
+    top_tput = max(s.decode_throughput.value for s in sims)
+    top_tpot = max(s.tpot.value for s in sims)
+    lines = [f"{'batch':>6}  {'decode tokens/s (all users)':<{width + 10}}  {'TPOT':<{width + 10}}"]
+    for s in sims:
+        marks = []
+        if s.decode_bound == "compute":
+            marks.append("compute-bound")
+        if s.scenario.batch > s.max_concurrent.value:
+            marks.append(f"KV does not fit (max {int(s.max_concurrent.value)})")
+        lines.append(f"{s.scenario.batch:>6}  {_bar(s.decode_throughput.value, top_tput, width)}"
+                     f"{s.decode_throughput.value:>10,.0f}  {_bar(s.tpot.value, top_tpot, width)}"
+                     f"{format_value(s.tpot.value, 's'):>10}  {'; '.join(marks)}")
+    knee = sims[0].knee_batch
+    lines.append(f"compute knee at batch {knee.human()} (knee_batch = {knee.pretty_formula() or knee.note})")
+    return "\n".join(lines)
+
+
+def presets_table() -> str:
+    """Every model and hardware preset with the numbers that matter most."""
+    lines = ["models:"]
+    for name in MODEL_CONFIGS:
+        m = model_preset(name)
+        c, p = m.config, parameter_counts(m)
+        active = f", {format_value(p.active, 'params')} active" if m.is_moe else ""
+        lines.append(f"  {name:<14}{m.title:<18}{format_value(p.total, 'params'):>12}{active}; "
+                     f"{c.num_layers} layers, {c.num_heads} heads / {c.num_kv_heads} KV, "
+                     f"context {c.max_model_len}")
+    lines.append("hardware:")
+    for name, hw in HARDWARE.items():
+        lines.append(f"  {name:<12}{format_value(hw.peak('bf16'), 'FLOP/s'):>14} 16-bit"
+                     f"{format_value(hw.memory_bandwidth, 'B/s'):>12}{format_value(hw.memory_bytes, 'B'):>9}"
+                     f"  ${hw.price_per_hour:.2f}/h  {hw.title}")
+    lines.append("assumptions:")
+    lines += [f"  - {a}" for a in ASSUMPTIONS]
+    return "\n".join(lines)

@@ -1,0 +1,338 @@
+"""Calibration: measure this device and the engine on it, then fit the simulator's efficiencies.
+
+The roofline assumes datasheet rates; real kernels reach a share of them, and each engine
+step pays a fixed cost (kernel launches, Python, sampling). Calibration measures:
+
+1. a device-to-device copy (memory bandwidth) and a large matmul (FLOP/s) with torch;
+2. real engine runs on the torch runner with random weights of real shapes: time to first
+   token of one prompt and time per output token of a batch;
+
+and fits ``Efficiency``: per-step overhead and a slowdown over the microbenchmarks from the
+decode steps (``t = overhead + slowdown × roofline``), then the compute slowdown from the
+prefills. It then lists predicted vs measured TTFT and TPOT, marking the runs the fit saw.
+Unlike the simulator, this module runs things: it imports torch and the engine lazily.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from tinyinfer.simulate import Efficiency, Scenario, Simulation, simulate
+from tinyinfer.simulate_presets import (
+    HARDWARE, Hardware, ModelSpec, SimulationError, model_from_hf, model_preset,
+)
+from tinyinfer.simulate_quantity import Quantity, format_value
+
+# A Llama-shaped model small enough to measure on any CPU in a second.
+TINY_LLAMA = model_from_hf("tiny-llama", {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
+    "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
+    "max_position_embeddings": 1024}, "tiny Llama (4 layers, 256 wide)", "calibration")
+
+DEVICE_PRESETS = {"H100": "h100-sxm", "H200": "h200", "A100": "a100-80gb", "L4": "l4",
+                  "4090": "rtx-4090"}
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+MIN_SLOWDOWN = 0.8  # the engine may beat a microbenchmark rate by at most 20% (reads vs copies)
+
+
+@dataclass(frozen=True)
+class Microbenchmarks:
+    """Raw rates of this device, measured with torch."""
+
+    device: str
+    precision: str  # "fp32" or "bf16": the dtype of the matmul and of the engine runs
+    copy_bandwidth: float  # bytes read + written per second by a device-to-device copy
+    matmul_flops: float  # FLOP/s of a square matmul
+
+
+@dataclass(frozen=True)
+class CalibrationCase:
+    """One engine workload: a model shape, a batch, prompt and output lengths."""
+
+    model: ModelSpec
+    batch: int
+    prompt_tokens: int
+    output_tokens: int
+    fit: bool = True  # used to fit the efficiencies (else only compared)
+
+
+@dataclass(frozen=True)
+class EngineTiming:
+    """What the engine measured for a case: TTFT and median TPOT of its requests."""
+
+    case: CalibrationCase
+    ttft: float  # seconds; the batch's prompts are prefilled in one step, so all share it
+    tpot: float  # seconds
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Predicted vs measured for one metric of one case."""
+
+    label: str
+    metric: str  # "TTFT" or "TPOT"
+    predicted: float
+    measured: float
+    fitted: bool
+
+    @property
+    def error(self) -> float:
+        """Relative error of the prediction: +0.10 means 10% too slow."""
+        return self.predicted / self.measured - 1
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The measured device, the fitted efficiencies and how well they predict the engine."""
+
+    micro: Microbenchmarks
+    hardware: Hardware
+    efficiency: Efficiency
+    comparisons: tuple[Comparison, ...]
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(fn: Callable[[], object], device: str, repeats: int = 5) -> float:
+    """Median wall time of fn() after one warm-up call, synchronising the device around it."""
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_copy_bandwidth(device: str, nbytes: int, repeats: int = 5) -> float:
+    """Bytes/s of a device-to-device copy, counting the read and the write."""
+    import torch
+
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    seconds = median_seconds(lambda: dst.copy_(src), device, repeats)
+    return 2 * src.numel() * 4 / seconds
+
+
+def measure_matmul_flops(device: str, precision: str, n: int, repeats: int = 5) -> float:
+    """FLOP/s of an n × n by n × n matmul (2 n^3 FLOPs) in the given precision."""
+    import torch
+
+    dtype = getattr(torch, TORCH_DTYPES[precision])
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    seconds = median_seconds(lambda: a @ b, device, repeats)
+    return 2 * n ** 3 / seconds
+
+
+def measure_device(device: str, precision: str, nbytes: int, n: int) -> Microbenchmarks:
+    """Both microbenchmarks on one device."""
+    return Microbenchmarks(device, precision, measure_copy_bandwidth(device, nbytes),
+                           measure_matmul_flops(device, precision, n))
+
+
+def hardware_for(micro: Microbenchmarks) -> Hardware:
+    """The preset of this GPU if it is one, else a Hardware whose peaks are the measured rates."""
+    import torch
+
+    if micro.device.startswith("cuda"):
+        name = torch.cuda.get_device_name(micro.device)
+        for marker, preset in DEVICE_PRESETS.items():
+            if marker in name:
+                return HARDWARE[preset]
+        memory = torch.cuda.get_device_properties(micro.device).total_memory
+    else:
+        name = f"this CPU ({os.cpu_count()} threads)"
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    rates = {"fp32": micro.matmul_flops, "bf16": micro.matmul_flops}
+    return Hardware("this-device", name, rates, micro.copy_bandwidth, float(memory),
+                    HARDWARE["laptop-cpu"].price_per_hour, source="measured by calibration")
+
+
+def measure_engine(case: CalibrationCase, device: str, precision: str, seed: int = 0) -> EngineTiming:
+    """Run a case through the real engine (torch runner, random weights) after a warm-up run."""
+    from tinyinfer.model.torch_fast import TorchRunner, random_weights
+
+    config = case.model.config
+    if case.model.is_moe:
+        raise SimulationError("the engine runs dense models only: calibrate with a dense preset")
+    if case.prompt_tokens + case.output_tokens > config.max_model_len:
+        raise SimulationError(f"{case.model.title} holds {config.max_model_len} tokens: "
+                              "shorten the calibration prompt or output")
+    dtype = TORCH_DTYPES[precision]
+    runner = TorchRunner(config, random_weights(config, device, dtype, seed), device=device, dtype=dtype)
+    _run_case(case, runner, seed)  # compiles, captures graphs, warms caches
+    return _run_case(case, runner, seed + 1)
+
+
+def _run_case(case: CalibrationCase, runner: object, seed: int) -> EngineTiming:
+    import random
+    from pathlib import Path
+
+    from tinyinfer.engine import Engine
+    from tinyinfer.loading import Model
+    from tinyinfer.sampling import SamplingParams
+
+    config = case.model.config
+    model = Model(config=config, runner=runner, path=Path("."),  # type: ignore[arg-type]
+                  name=case.model.name)
+    pages_per_seq = -(-(case.prompt_tokens + case.output_tokens) // 16)
+    engine = Engine(model, num_pages=case.batch * pages_per_seq + 1, max_num_seqs=case.batch,
+                    max_num_batched_tokens=max(512, case.batch * case.prompt_tokens),
+                    enable_prefix_caching=False)
+    rng = random.Random(seed)
+    params = SamplingParams(temperature=0, max_tokens=case.output_tokens, ignore_eos=True)
+    ids = [engine.add_request([rng.randrange(config.vocab_size) for _ in range(case.prompt_tokens)], params)
+           for _ in range(case.batch)]
+    while engine.has_unfinished():
+        engine.step()
+    done = [engine.release(i).metrics for i in ids]
+    tpots = [(m.finished - m.first_token) / max(1, case.output_tokens - 1) for m in done]
+    return EngineTiming(case, ttft=statistics.median(m.ttft for m in done), tpot=statistics.median(tpots))
+
+
+def _scenario(case: CalibrationCase, hardware: Hardware, precision: str, efficiency: Efficiency) -> Scenario:
+    return Scenario(case.model, hardware, weight_precision=precision, kv_precision=precision,
+                    batch=case.batch, prompt_tokens=case.prompt_tokens,
+                    output_tokens=case.output_tokens, efficiency=efficiency)
+
+
+def _prefill_time(sim: Simulation) -> Quantity:
+    """Prefill of the whole batch: the TTFT of a batch whose prompts arrive together."""
+    return sim.e2e_latency.inputs["batch_prefill_time"]  # type: ignore[return-value]
+
+
+def _roofline(step: Quantity) -> float:
+    """A step's time without overhead or communication: linear time + attention time."""
+    return step.inputs["linear_time"].value + step.inputs["attention_time"].value  # type: ignore[union-attr]
+
+
+def fit_line(x: Sequence[float], y: Sequence[float], min_slope: float = MIN_SLOWDOWN) -> tuple[float, float]:
+    """Least-squares y ≈ a + b·x subject to a ≥ 0 and b ≥ min_slope; returns (a, b).
+
+    The optimum lies inside the box or on one of its faces, so the best feasible candidate
+    among the unconstrained solution and the face solutions is the constrained optimum.
+    """
+    if len(x) != len(y) or not x:
+        raise ValueError("fit_line needs as many y as x, at least one")
+    mx, my = statistics.fmean(x), statistics.fmean(y)
+    var = sum((xi - mx) ** 2 for xi in x)
+    candidates = [(0.0, max(min_slope, sum(a * b for a, b in zip(x, y)) / sum(a * a for a in x))),
+                  (max(0.0, my - min_slope * mx), min_slope)]
+    if var > 0:
+        b = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / var
+        candidates.append((my - b * mx, b))
+
+    def sse(ab: tuple[float, float]) -> float:
+        return sum((yi - ab[0] - ab[1] * xi) ** 2 for xi, yi in zip(x, y))
+
+    feasible = [c for c in candidates if c[0] >= 0 and c[1] >= min_slope]
+    return min(feasible, key=sse)
+
+
+def fit_efficiency(hardware: Hardware, micro: Microbenchmarks,
+                   timings: Sequence[EngineTiming]) -> Efficiency:
+    """Efficiencies that make the simulator reproduce the measured engine runs.
+
+    Start from the microbenchmarks (matmul ÷ peak, copy ÷ peak bandwidth). Decode steps fit
+    TPOT = overhead + slowdown × roofline; prefills fit TTFT − overhead = slowdown × roofline.
+    Each efficiency is the microbenchmark's divided by its slowdown.
+    """
+    peak = hardware.peak(micro.precision)
+    base = Efficiency(compute=min(1.5, micro.matmul_flops / peak),
+                      bandwidth=min(1.5, micro.copy_bandwidth / hardware.memory_bandwidth))
+    fitted = [t for t in timings if t.case.fit]
+    if not fitted:
+        return base
+    sims = [simulate(_scenario(t.case, hardware, micro.precision, base)) for t in fitted]
+    overhead, decode_slowdown = fit_line([_roofline(s.tpot) for s in sims], [t.tpot for t in fitted])
+    prefill = [_roofline(_prefill_time(s)) for s in sims]
+    excess = [t.ttft - overhead for t in fitted]
+    compute_slowdown = max(MIN_SLOWDOWN, sum(r * e for r, e in zip(prefill, excess)) /
+                           sum(r * r for r in prefill))
+    return Efficiency(compute=min(1.5, base.compute / compute_slowdown),
+                      bandwidth=min(1.5, base.bandwidth / decode_slowdown), step_overhead=overhead)
+
+
+def compare(hardware: Hardware, precision: str, efficiency: Efficiency,
+            timings: Sequence[EngineTiming]) -> tuple[Comparison, ...]:
+    """Predicted vs measured TTFT (the batch's prompts arriving together) and TPOT, per run."""
+    rows = []
+    for t in timings:
+        c = t.case
+        label = f"{c.model.name} b={c.batch} p={c.prompt_tokens} o={c.output_tokens}"
+        batch = simulate(_scenario(c, hardware, precision, efficiency))
+        rows.append(Comparison(label, "TTFT", _prefill_time(batch).value, t.ttft, c.fit))
+        rows.append(Comparison(label, "TPOT", batch.tpot.value, t.tpot, c.fit))
+    return tuple(rows)
+
+
+def default_cases(device: str) -> list[CalibrationCase]:
+    """Real 7B/8B shapes on a GPU, the tiny Llama on a CPU; some runs held out of the fit."""
+    if device.startswith("cuda"):
+        shapes = [model_preset("llama-2-7b"), model_preset("llama-3-8b"), model_preset("qwen2.5-7b")]
+        return [CalibrationCase(shapes[0], 1, 512, 64), CalibrationCase(shapes[0], 16, 512, 64),
+                CalibrationCase(shapes[1], 4, 1024, 64), CalibrationCase(shapes[1], 32, 256, 64),
+                CalibrationCase(shapes[2], 8, 2048, 64, fit=False),
+                CalibrationCase(shapes[0], 64, 128, 64, fit=False)]
+    return [CalibrationCase(TINY_LLAMA, 1, 64, 8), CalibrationCase(TINY_LLAMA, 8, 64, 8),
+            CalibrationCase(TINY_LLAMA, 4, 256, 8, fit=False)]
+
+
+def calibrate(device: str | None = None, cases: Sequence[CalibrationCase] | None = None,
+              progress: Callable[[str], None] | None = None) -> Calibration:
+    """Measure the device and the engine on it; fit efficiencies; compare predictions."""
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = device.startswith("cuda")
+    say = progress or (lambda message: None)
+    precision = "bf16" if on_gpu else "fp32"
+    say(f"microbenchmarks on {device} ({precision})")
+    micro = measure_device(device, precision, nbytes=(1 << 30) if on_gpu else (64 << 20),
+                           n=8192 if on_gpu else 512)
+    hardware = hardware_for(micro)
+    timings = []
+    for case in cases if cases is not None else default_cases(device):
+        say(f"engine: {case.model.title}, batch {case.batch}, prompt {case.prompt_tokens}, "
+            f"output {case.output_tokens}")
+        timings.append(measure_engine(case, device, precision))
+    efficiency = fit_efficiency(hardware, micro, timings)
+    return Calibration(micro, hardware, efficiency, compare(hardware, precision, efficiency, timings))
+
+
+def calibration_report(cal: Calibration) -> str:
+    """The calibration as text: rates, fitted efficiencies, predicted vs measured."""
+    m, hw, e = cal.micro, cal.hardware, cal.efficiency
+    peak = hw.peak(m.precision)
+    lines = [
+        f"device       {hw.title} ({m.device}, {m.precision})",
+        f"copy         {format_value(m.copy_bandwidth, 'B/s')} = "
+        f"{100 * m.copy_bandwidth / hw.memory_bandwidth:.0f}% of {format_value(hw.memory_bandwidth, 'B/s')}",
+        f"matmul       {format_value(m.matmul_flops, 'FLOP/s')} = "
+        f"{100 * m.matmul_flops / peak:.0f}% of {format_value(peak, 'FLOP/s')}",
+        f"fitted       compute {e.compute:.3f}, bandwidth {e.bandwidth:.3f}, "
+        f"step overhead {format_value(e.step_overhead, 's')}",
+        f"simulate with: --compute-efficiency {e.compute:.3f} --bandwidth-efficiency {e.bandwidth:.3f} "
+        f"--step-overhead-ms {1e3 * e.step_overhead:.3f}",
+        "",
+        f"{'run':<34}{'metric':<8}{'predicted':>12}{'measured':>12}{'error':>9}  fit",
+    ]
+    for c in cal.comparisons:
+        lines.append(f"{c.label:<34}{c.metric:<8}{format_value(c.predicted, 's'):>12}"
+                     f"{format_value(c.measured, 's'):>12}{100 * c.error:>+8.0f}%  "
+                     f"{'yes' if c.fitted else 'held out'}")
+    return "\n".join(lines)
+

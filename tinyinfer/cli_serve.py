@@ -1,0 +1,55 @@
+"""`tinyinfer serve`: load a model and serve it over the OpenAI HTTP API."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the `serve` command on the top-level parser's subparsers."""
+    from tinyinfer.cli import _add_model_args
+
+    parser = subparsers.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible HTTP API (streaming)",
+        description="OpenAI-compatible server: /v1/completions, /v1/chat/completions, "
+                    "/v1/models, /health, /metrics. Ctrl-C finishes or aborts in-flight requests.")
+    _add_model_args(parser)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default: 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the name clients pass as `model` (default: the model's name)")
+    parser.add_argument("--max-num-seqs", type=int, default=16,
+                        help="sequences decoded together in one batch (default: 16)")
+    parser.add_argument("--max-queue", type=int, default=64,
+                        help="sequences allowed to wait beyond the batch before 429 (default: 64)")
+    parser.add_argument("--request-timeout", type=float, default=300.0,
+                        help="seconds a request may run before it is stopped with 504 (default: 300)")
+    parser.add_argument("--shutdown-timeout", type=float, default=10.0,
+                        help="seconds in-flight requests get to finish on shutdown (default: 10)")
+    parser.add_argument("--log-level", default="info",
+                        choices=("critical", "error", "warning", "info", "debug"))
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model, then serve until interrupted."""
+    import tinyinfer
+    from tinyinfer.errors import TinyInferError
+    from tinyinfer.server import ServerConfig, serve
+
+    for name in ("max_num_seqs", "request_timeout", "shutdown_timeout"):
+        if getattr(args, name) <= 0:
+            raise TinyInferError(f"--{name.replace('_', '-')} must be positive")
+    if args.max_queue < 0:
+        raise TinyInferError("--max-queue must be 0 or more")
+    model = tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype)
+    engine = tinyinfer.Engine(model, max_num_seqs=args.max_num_seqs)
+    config = ServerConfig(served_model_name=args.served_model_name, max_queue=args.max_queue,
+                          request_timeout=args.request_timeout)
+    print(f"serving {config.served_model_name or model.name} ({model.runner.name} runner) on "
+          f"http://{args.host}:{args.port}/v1", file=sys.stderr)
+    serve(engine, config, args.host, args.port, args.shutdown_timeout, args.log_level)
+    return 0

@@ -1,0 +1,384 @@
+"""OpenAI-compatible HTTP server: Starlette routes in front of one continuous-batching loop.
+
+    POST /v1/completions        text or token-id prompts, streamed (SSE) or whole
+    POST /v1/chat/completions   messages laid out by the model's chat template
+    GET  /v1/models             the one served model
+    GET  /health                liveness plus engine state (running, waiting, KV pages)
+    GET  /metrics               Prometheus text: requests, tokens, TTFT / TPOT, pages, cache
+
+Handlers parse and check the body (server_schemas), turn it into token ids and sampling
+params, and hand a job to the engine thread (server_loop); they never touch the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tinyinfer.engine import Engine
+from tinyinfer.errors import TinyInferError
+from tinyinfer.sampling import SamplingParams
+from tinyinfer.server_chat import load_chat_template
+from tinyinfer.server_loop import Delta, EngineLoop, Failure, Job, Usage
+from tinyinfer.server_metrics import Metrics
+from tinyinfer.server_responses import ChatShape, CompletionShape, Shape
+from tinyinfer.server_schemas import (APIError, Options, engine_error, parse_chat,
+                                      parse_completion, parse_json_object)
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used only in metrics
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Server policy: the model's public name and the limits that protect the engine."""
+
+    served_model_name: str | None = None  # default: the model's own name
+    max_queue: int = 64  # sequences allowed to wait beyond the running batch before 429
+    request_timeout: float = 300.0  # seconds from arrival to the last token
+    max_body_bytes: int = 1 << 20
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Return once the client hangs up (after the body, receive() waits for exactly that)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class OpenAIServer:
+    """The routes and the engine loop behind them."""
+
+    def __init__(self, engine: Engine, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.model = engine.model
+        self.name = config.served_model_name or self.model.name
+        self.metrics = Metrics()
+        self.loop = EngineLoop(engine, self.metrics, config.max_queue)
+        self.template = load_chat_template(self.model.path)
+        self.tokenizer = self.model.tokenizer if self.model.has_tokenizer else None
+        self.max_n = engine.scheduler.config.max_num_seqs
+        self.created = int(time.time())
+        self.fingerprint = f"tinyinfer-{self.model.runner.name}"
+
+    # ------------------------------------------------------------------ generation
+
+    async def completions(self, request: Request) -> Response:
+        """POST /v1/completions."""
+        deadline = asyncio.get_running_loop().time() + self.config.request_timeout
+        req = parse_completion(parse_json_object(await self._body(request)), self.max_n)
+        options = self._check_model(req.options)
+        entries = []
+        for prompt in req.prompts:
+            ids = self.model.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            entries += self._entries(ids, options, COMPLETION_DEFAULT_MAX_TOKENS
+                                     if options.max_tokens is None else options.max_tokens)
+        shape = CompletionShape(self.name, self.tokenizer, options.n, len(entries),
+                                options.logprobs, self.fingerprint)
+        return await self._generate(request, entries, options, shape, deadline)
+
+    async def chat(self, request: Request) -> Response:
+        """POST /v1/chat/completions."""
+        deadline = asyncio.get_running_loop().time() + self.config.request_timeout
+        req = parse_chat(parse_json_object(await self._body(request)), self.max_n)
+        options = self._check_model(req.options)
+        text = self.template.render(req.messages)
+        ids = self.template.encode(self.model.tokenizer, text)
+        room = max(self.model.config.max_model_len - len(ids), 1)  # default: fill the context
+        stop = (*self.template.stop, *options.sampling["stop"])
+        options = dataclasses.replace(options, sampling={**options.sampling, "stop": stop})
+        entries = self._entries(ids, options, room if options.max_tokens is None else options.max_tokens)
+        shape = ChatShape(self.name, self.tokenizer, options.n, len(entries),
+                          options.logprobs, self.fingerprint)
+        return await self._generate(request, entries, options, shape, deadline)
+
+    def _check_model(self, options: Options) -> Options:
+        if options.model != self.name:
+            raise APIError(404, f"model {options.model!r} is not served here; use {self.name!r}",
+                           param="model", code="model_not_found")
+        return options
+
+    def _entries(self, ids: list[int], options: Options,
+                 max_tokens: int) -> list[tuple[list[int], SamplingParams]]:
+        """n sequences of one prompt; a seeded request gives choice j the seed seed + j."""
+        entries = []
+        for j in range(options.n):
+            sampling = dict(options.sampling)
+            if sampling.get("seed") is not None:
+                sampling["seed"] += j
+            params = SamplingParams(max_tokens=max_tokens, **sampling,
+                                    logprobs=options.top_logprobs if options.logprobs else None)
+            entries.append((ids, params))
+        return entries
+
+    async def _generate(self, request: Request, entries: list[tuple[list[int], SamplingParams]],
+                        options: Options, shape: Shape, deadline: float) -> Response:
+        job = self.loop.submit(entries, asyncio.get_running_loop())
+        await self._until(job, job.accepted, deadline)
+        if options.stream:
+            return StreamingResponse(self._stream(job, shape, options.include_usage, deadline),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        collect = asyncio.ensure_future(self._until(job, self._collect(job, shape), deadline))
+        gone = asyncio.ensure_future(_disconnected(request.receive))
+        try:
+            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not collect.done():  # the client left, or this handler itself was cancelled
+                collect.cancel()
+                self._give_up(job, "disconnect")
+        if collect.cancelled():
+            return Response(status_code=CLIENT_CLOSED)
+        return JSONResponse(shape.response(collect.result()))
+
+    async def _until(self, job: Job, awaitable: Awaitable[Any], deadline: float) -> Any:
+        """Await part of a job within the request's deadline; past it, abort the job."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await awaitable
+        except TimeoutError:
+            self._give_up(job, "timeout")
+            raise APIError(504, f"the request ran past the server's limit of "
+                                f"{self.config.request_timeout:g} s and was stopped; lower "
+                                "max_tokens or raise the server's --request-timeout",
+                           type="timeout_error", code="timeout") from None
+
+    def _give_up(self, job: Job, reason: str) -> None:
+        self.metrics.count_abort(reason)
+        self.loop.cancel(job)
+
+    async def _collect(self, job: Job, shape: Shape) -> list[list[Delta]]:
+        """Every delta of every choice, until all have finished."""
+        choices: list[list[Delta]] = [[] for _ in range(shape.num_choices)]
+        finished = 0
+        while finished < shape.num_choices:
+            event = await job.events.get()
+            if isinstance(event, Failure):
+                raise event.error
+            choices[event.index].append(event)
+            finished += event.finish_reason is not None
+        return choices
+
+    async def _stream(self, job: Job, shape: Shape, include_usage: bool,
+                      deadline: float) -> AsyncIterator[str]:
+        """Server-sent events: one chunk per delta, usage if asked, then [DONE]."""
+        usages: dict[int, Usage] = {}
+        done = False
+        try:
+            for chunk in shape.opening():
+                yield _sse(chunk)
+            while len(usages) < shape.num_choices:
+                event = await self._until(job, job.events.get(), deadline)
+                if isinstance(event, Failure):
+                    done = True
+                    yield _sse(event.error.body())
+                    return
+                chunk = shape.chunk(event)
+                if chunk is not None:
+                    yield _sse(chunk)
+                if event.usage is not None:
+                    usages[event.index] = event.usage
+            done = True
+            if include_usage:
+                yield _sse(shape.usage_chunk([usages[i] for i in range(shape.num_choices)]))
+            yield "data: [DONE]\n\n"
+        except APIError as exc:  # the deadline passed mid-stream; _until aborted the job
+            done = True
+            yield _sse(exc.body())
+        finally:
+            if not done:  # the client disconnected (or the server cancelled us) mid-stream
+                self._give_up(job, "disconnect")
+
+    async def _body(self, request: Request) -> bytes:
+        """The request body, refused past max_body_bytes before it is all read."""
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.config.max_body_bytes:
+                raise APIError(413, f"the request body is over {self.config.max_body_bytes} bytes; "
+                                    "send a shorter prompt")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # ------------------------------------------------------------------ state
+
+    def _model_card(self) -> dict[str, Any]:
+        return {"id": self.name, "object": "model", "created": self.created, "owned_by": "tinyinfer",
+                "max_model_len": self.model.config.max_model_len}
+
+    async def models(self, request: Request) -> Response:
+        """GET /v1/models: the served model."""
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model_card(self, request: Request) -> Response:
+        """GET /v1/models/{model}."""
+        name = request.path_params["model"]
+        if name != self.name:
+            raise APIError(404, f"model {name!r} is not served here; use {self.name!r}",
+                           code="model_not_found")
+        return JSONResponse(self._model_card())
+
+    async def health(self, request: Request) -> Response:
+        """GET /health: the engine's latest state, including KV pages in use; 503 once stopped."""
+        stats = self.loop.stats
+        alive = self.loop.alive
+        return JSONResponse({"status": "ok" if alive else "unavailable", "model": self.name,
+                             **dataclasses.asdict(stats), "prefix_hit_rate": stats.prefix_hit_rate},
+                            status_code=200 if alive else 503)
+
+    async def prometheus(self, request: Request) -> Response:
+        """GET /metrics in the Prometheus text format."""
+        return PlainTextResponse(self.metrics.render(self.loop.stats),
+                                 media_type="text/plain; version=0.0.4")
+
+
+class _CountResponses:
+    """ASGI middleware: count every answered request by endpoint and status code."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500  # what the client gets if the app raises before answering
+
+        async def record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record)
+        finally:
+            path = scope["path"]
+            endpoint = "/v1/models" if path.startswith("/v1/models") else path
+            self.metrics.count_request(endpoint if endpoint in ENDPOINTS else "other", status)
+
+
+def _error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+async def _on_api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return _error_response(exc)
+
+
+async def _on_engine_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, TinyInferError)
+    return _error_response(engine_error(exc))
+
+
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return _error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: "
+                                    f"{exc.detail}; see GET /v1/models", type=kind))
+
+
+async def _on_disconnect(request: Request, exc: Exception) -> Response:
+    return Response(status_code=CLIENT_CLOSED)
+
+
+def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
+    """The ASGI app serving `engine`; its lifespan starts and stops the engine thread."""
+    server = OpenAIServer(engine, config or ServerConfig())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        server.loop.start()
+        try:
+            yield
+        finally:
+            server.loop.stop()
+
+    routes = [
+        Route("/v1/completions", server.completions, methods=["POST"]),
+        Route("/v1/chat/completions", server.chat, methods=["POST"]),
+        Route("/v1/models", server.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", server.model_card, methods=["GET"]),
+        Route("/health", server.health, methods=["GET"]),
+        Route("/metrics", server.prometheus, methods=["GET"]),
+    ]
+    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+        APIError: _on_api_error, TinyInferError: _on_engine_error,
+        HTTPException: _on_http_error, ClientDisconnect: _on_disconnect}
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,
+                    middleware=[Middleware(_CountResponses, metrics=server.metrics)])
+    app.state.server = server
+    return app
+
+
+def uvicorn_config(app: Starlette, host: str, port: int, shutdown_timeout: float = 10.0,
+                   log_level: str = "info") -> uvicorn.Config:
+    """Uvicorn settings for the app: on shutdown, in-flight requests get shutdown_timeout s."""
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                          timeout_graceful_shutdown=shutdown_timeout)
+
+
+def serve(engine: Engine, config: ServerConfig | None = None, host: str = "127.0.0.1",
+          port: int = 8000, shutdown_timeout: float = 10.0, log_level: str = "info") -> None:
+    """Serve until interrupted (Ctrl-C / SIGTERM finish or abort in-flight requests)."""
+    app = create_app(engine, config)
+    uvicorn.Server(uvicorn_config(app, host, port, shutdown_timeout, log_level)).run()
+
+
+class ServerThread:
+    """The server on a background thread (tests, notebooks): `with ServerThread(engine) as s`."""
+
+    def __init__(self, engine: Engine, config: ServerConfig | None = None,
+                 host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 5.0) -> None:
+        self.app = create_app(engine, config)
+        self.server = uvicorn.Server(uvicorn_config(self.app, host, port, shutdown_timeout, "warning"))
+        self._thread = threading.Thread(target=self.server.run, name="tinyinfer-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        """Base URL with the port actually bound (port 0 picks a free one)."""
+        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def start(self, timeout: float = 30.0) -> "ServerThread":
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise TinyInferError("the server did not start; see the log above")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Graceful shutdown, as on Ctrl-C; waits for the thread to end."""
+        self.server.should_exit = True
+        self._thread.join(timeout)
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

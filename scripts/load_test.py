@@ -155,6 +155,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--time-limit", type=float, default=120.0,
                         help="seconds per level after which clients stop sending")
+    parser.add_argument("--server-threads", type=int, default=None,
+                        help="BLAS / OpenMP threads of the spawned server (default: the library's "
+                             "own choice); on a small machine, leave a core to the clients")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
@@ -162,6 +165,9 @@ def main() -> int:
     url, model = args.url, args.served_model_name
     if url is None:
         url, model = f"http://127.0.0.1:{free_port()}", "load-test"
+        if args.server_threads is not None:  # read by NumPy's BLAS and torch as they load
+            for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+                os.environ[name] = str(args.server_threads)
         process = multiprocessing.get_context("spawn").Process(
             target=serve_forever, daemon=True,
             args=(args.model, args.runner, int(url.rsplit(":", 1)[1]), args.max_num_seqs,
@@ -169,9 +175,10 @@ def main() -> int:
         process.start()
         wait_for_server(url, process)
     try:
-        asyncio.run(run_level(url, model, 1, 1, 4, args.time_limit))  # warm-up, not reported
         levels = []
         for c in args.concurrency:
+            # Warm-up, not reported: compiled runners build code for each new batch size.
+            asyncio.run(run_level(url, model, c, 1, 8, args.time_limit))
             levels.append(asyncio.run(run_level(url, model, c, args.rounds, args.max_tokens,
                                                 args.time_limit)))
             print(f"{c:>3} clients: {levels[-1]}", file=sys.stderr)
@@ -181,7 +188,8 @@ def main() -> int:
             process.join(30)
     header = (f"{datetime.date.today()} | {platform.machine()} {platform.processor() or ''} "
               f"{os.cpu_count()} CPUs | model {args.url or args.model}, runner {args.runner}, "
-              f"max_num_seqs {args.max_num_seqs} | {args.max_tokens} tokens per request, "
+              f"max_num_seqs {args.max_num_seqs}, server threads {args.server_threads or 'default'}"
+              f" | {args.max_tokens} tokens per request, "
               f"{args.rounds} requests per client")
     print(header)
     print(table(levels))

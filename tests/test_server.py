@@ -19,6 +19,8 @@ import tinyinfer
 from tinyinfer.server import ServerConfig, ServerThread
 
 MAX_NUM_SEQS = 8
+SHARED_PROMPT = ("Or to take arms against a sea of troubles, and by opposing end them. "
+                 "To die, to sleep, no more; and by a sleep to say we end the heartache")
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +148,20 @@ def test_seeded_n_choices_equal_offline_samples_with_derived_seeds(client, model
     assert out.usage.completion_tokens == sum(
         len(offline(model, "No more", max_tokens=10, temperature=1.0, seed=11 + j).token_ids)
         for j in range(3))
+
+
+def test_n_choices_of_a_long_prompt_share_its_cached_pages(server, client, model):
+    prompt = SHARED_PROMPT
+    pages = len(model.tokenizer.encode(prompt)) // 16
+    assert pages >= 2
+    before = health(server)["prefix_hit_tokens"]
+    out = client.completions.create(model=model.name, prompt=prompt, max_tokens=8,
+                                    temperature=0, n=3)
+    expected = offline(model, prompt, max_tokens=8, temperature=0).text
+    assert [c.text for c in out.choices] == [expected] * 3
+    # Choices 1 and 2 were admitted after choice 0 computed the prompt, so they found its
+    # full pages (all but possibly the one holding the last prompt token) in the cache.
+    assert health(server)["prefix_hit_tokens"] - before >= 2 * 16 * (pages - 1)
 
 
 def test_several_prompts_give_choices_prompt_by_prompt(client, model):

@@ -87,7 +87,8 @@ class OpenAIServer:
         """POST /v1/completions."""
         deadline = asyncio.get_running_loop().time() + self.config.request_timeout
         req = parse_completion(parse_json_object(await self._body(request)), self.max_n)
-        options = self._check_model(req.options)
+        options = req.options
+        self._check_model(options.model)
         entries = []
         for prompt in req.prompts:
             ids = self.model.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -101,22 +102,22 @@ class OpenAIServer:
         """POST /v1/chat/completions."""
         deadline = asyncio.get_running_loop().time() + self.config.request_timeout
         req = parse_chat(parse_json_object(await self._body(request)), self.max_n)
-        options = self._check_model(req.options)
+        self._check_model(req.options.model)
         text = self.template.render(req.messages)
         ids = self.template.encode(self.model.tokenizer, text)
         room = max(self.model.config.max_model_len - len(ids), 1)  # default: fill the context
-        stop = (*self.template.stop, *options.sampling["stop"])
-        options = dataclasses.replace(options, sampling={**options.sampling, "stop": stop})
-        entries = self._entries(ids, options, room if options.max_tokens is None else options.max_tokens)
+        stop = (*self.template.stop, *req.options.sampling["stop"])
+        options = dataclasses.replace(req.options, sampling={**req.options.sampling, "stop": stop})
+        max_tokens = room if options.max_tokens is None else options.max_tokens
+        entries = self._entries(ids, options, max_tokens)
         shape = ChatShape(self.name, self.tokenizer, options.n, len(entries),
                           options.logprobs, self.fingerprint)
         return await self._generate(request, entries, options, shape, deadline)
 
-    def _check_model(self, options: Options) -> Options:
-        if options.model != self.name:
-            raise APIError(404, f"model {options.model!r} is not served here; use {self.name!r}",
+    def _check_model(self, name: str) -> None:
+        if name != self.name:
+            raise APIError(404, f"model {name!r} is not served here; use {self.name!r}",
                            param="model", code="model_not_found")
-        return options
 
     def _entries(self, ids: list[int], options: Options,
                  max_tokens: int) -> list[tuple[list[int], SamplingParams]]:
@@ -133,7 +134,7 @@ class OpenAIServer:
 
     async def _generate(self, request: Request, entries: list[tuple[list[int], SamplingParams]],
                         options: Options, shape: Shape, deadline: float) -> Response:
-        job = self.loop.submit(entries, asyncio.get_running_loop())
+        job = self.loop.submit(entries, options.n, asyncio.get_running_loop())
         await self._until(job, job.accepted, deadline)
         if options.stream:
             return StreamingResponse(self._stream(job, shape, options.include_usage, deadline),
@@ -233,10 +234,7 @@ class OpenAIServer:
 
     async def model_card(self, request: Request) -> Response:
         """GET /v1/models/{model}."""
-        name = request.path_params["model"]
-        if name != self.name:
-            raise APIError(404, f"model {name!r} is not served here; use {self.name!r}",
-                           code="model_not_found")
+        self._check_model(request.path_params["model"])
         return JSONResponse(self._model_card())
 
     async def health(self, request: Request) -> Response:

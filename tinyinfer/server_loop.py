@@ -67,10 +67,11 @@ class Job:
 
     _ids = itertools.count()
 
-    def __init__(self, entries: Sequence[tuple[list[int], SamplingParams]],
+    def __init__(self, entries: Sequence[tuple[list[int], SamplingParams]], n: int,
                  loop: asyncio.AbstractEventLoop) -> None:
         self.id = f"job{next(self._ids)}"
-        self.entries = list(entries)
+        self.entries = list(entries)  # prompt by prompt, n choices each
+        self.n = n
         self.arrival = time.perf_counter()
         self._loop = loop
         self.accepted: asyncio.Future[None] = loop.create_future()
@@ -137,6 +138,8 @@ class EngineLoop:
         self._reserved = 0  # sequences submitted and not yet finished or aborted
         self._closing = False
         self._owners: dict[str, tuple[Job, int]] = {}  # engine request id → (job, choice index)
+        # Leader request id → (job, choice indexes that wait for the leader's prompt pages).
+        self._siblings: dict[str, tuple[Job, list[int]]] = {}
         self._thread: threading.Thread | None = None
 
     # ---------------------------------------------------------------- handler side
@@ -154,7 +157,7 @@ class EngineLoop:
         if self._thread is not None:
             self._thread.join()
 
-    def submit(self, entries: Sequence[tuple[list[int], SamplingParams]],
+    def submit(self, entries: Sequence[tuple[list[int], SamplingParams]], n: int,
                loop: asyncio.AbstractEventLoop) -> Job:
         """Queue a job, or refuse it at once when the server is full or closing."""
         if len(entries) > self.capacity:
@@ -170,7 +173,7 @@ class EngineLoop:
                                type="rate_limit_error", code="queue_full",
                                headers={"Retry-After": "1"})
             self._reserved += len(entries)
-            job = Job(entries, loop)
+            job = Job(entries, n, loop)
             # Inside the lock: every accepted add is queued before stop() queues _STOP.
             self._commands.put(("add", job))
         return job
@@ -216,13 +219,21 @@ class EngineLoop:
             return True
 
     def _add(self, job: Job) -> None:
-        """Add every sequence of a job, or none of them."""
+        """Add a job's sequences, or none of them.
+
+        Choices 1..n-1 of a prompt at least one page long wait until choice 0 has computed
+        the prompt: admitted then, they find its pages in the prefix cache instead of
+        computing the same prompt n times (siblings admitted in one step could not share).
+        """
+        later = {leader: list(range(leader + 1, leader + job.n))
+                 for leader in range(0, len(job.entries), job.n)
+                 if job.n > 1 and len(job.entries[leader][0]) >= self.engine.pool.block_size}
+        waiting = {i for siblings in later.values() for i in siblings}
         added: list[str] = []
         try:
-            for index, (prompt, params) in enumerate(job.entries):
-                request_id = self.engine.add_request(prompt, params, f"{job.id}-{index}")
-                self._owners[request_id] = (job, index)
-                added.append(request_id)
+            for index in range(len(job.entries)):
+                if index not in waiting:
+                    added.append(self._add_one(job, index))
         except Exception as exc:  # noqa: BLE001 - a refused job must never stop the loop
             for request_id in added:
                 self._drop(request_id)
@@ -233,10 +244,20 @@ class EngineLoop:
                 log.exception("adding %s failed", job.id)
                 job.reject(_internal_error())
             return
+        for leader, siblings in later.items():
+            self._siblings[f"{job.id}-{leader}"] = (job, siblings)
         self.metrics.add_tokens(prompt=sum(len(p) for p, _ in job.entries))
         job.accept()
 
+    def _add_one(self, job: Job, index: int) -> str:
+        prompt, params = job.entries[index]
+        request_id = self.engine.add_request(prompt, params, f"{job.id}-{index}")
+        self._owners[request_id] = (job, index)
+        return request_id
+
     def _abort(self, job: Job) -> None:
+        for leader in [r for r, (j, _) in self._siblings.items() if j is job]:
+            self._unreserve(len(self._siblings.pop(leader)[1]))
         for request_id in [r for r, (j, _) in self._owners.items() if j is job]:
             self._drop(request_id)
 
@@ -287,11 +308,17 @@ class EngineLoop:
         usage = None
         if step.finish_reason is not None:
             usage = self._finish(request_id, self.engine.release(request_id))
+        if request_id in self._siblings:  # its prompt is computed and cached: admit the others
+            for sibling in self._siblings.pop(request_id)[1]:
+                self._add_one(job, sibling)
         return Delta(index, text, step.token_id, step.logprob, top,  # type: ignore[arg-type]
                      step.finish_reason, usage)
 
     def _fail_all(self, error: APIError) -> None:
-        jobs = {id(job): job for job, _ in self._owners.values()}
+        jobs = {id(job): job for job, _ in (*self._owners.values(), *self._siblings.values())}
+        for _, siblings in self._siblings.values():
+            self._unreserve(len(siblings))
+        self._siblings.clear()
         for request_id in list(self._owners):
             try:
                 self._drop(request_id)

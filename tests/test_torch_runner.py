@@ -1,0 +1,199 @@
+"""The torch fast runner, pinned to the NumPy reference: same logits, same greedy tokens."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tinyinfer
+from tests.conftest import ORACLE_CONFIGS
+from tinyinfer.config import config_from_dict
+from tinyinfer.errors import TinyInferError
+from tinyinfer.loading import BUNDLED
+from tinyinfer.model.numpy_ref import NumpyRunner
+from tinyinfer.model.runner import make_batch
+from tinyinfer.model.torch_fast import TorchRunner
+from tinyinfer.model.torch_weights import random_weights
+
+NAMES = sorted(ORACLE_CONFIGS)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def relative_error(ours: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(ours - ref).max() / np.abs(ref).max())
+
+
+def load_pair(folder, **options) -> tuple[tinyinfer.Model, tinyinfer.Model]:
+    return tinyinfer.load(folder), tinyinfer.load(folder, runner="torch", device="cpu", **options)
+
+
+def mixed_schedule(vocab: int, block_size: int, seed: int):
+    """Four sequences over four steps: whole prefills, a chunk after a cached prefix, decodes,
+    a one-token prompt, and a chunk scored at every position; pages shuffled across sequences.
+    Yields the make_batch entries of each step."""
+    rng = np.random.default_rng(seed)
+    lengths = {"a": 11, "b": 6, "c": 4, "d": 10}
+    ids = {s: rng.integers(0, vocab, n).tolist() for s, n in lengths.items()}
+    pages = rng.permutation(32).tolist()
+    tables = {s: [pages.pop() for _ in range(-(-n // block_size))] for s, n in lengths.items()}
+
+    def entry(s: str, start: int, end: int, all_logits: bool = False):
+        return (ids[s][start:end], start, tables[s], all_logits)
+
+    yield [entry("a", 0, 6), entry("b", 0, 3), entry("c", 0, 1)]
+    yield [entry("a", 6, 10), entry("b", 3, 4), entry("c", 1, 2), entry("d", 0, 5)]
+    yield [entry("b", 4, 5), entry("a", 10, 11), entry("c", 2, 3), entry("d", 5, 9, True)]
+    yield [entry("c", 3, 4), entry("d", 9, 10), entry("b", 5, 6)]
+
+
+def assert_runners_agree(ref_runner, fast_runner, steps, block_size: int, tol: float) -> None:
+    ref_kv = ref_runner.new_kv_cache(32, block_size)
+    fast_kv = fast_runner.new_kv_cache(32, block_size)
+    for entries in steps:
+        batch = make_batch(entries, block_size)
+        ref = ref_runner.forward(batch, ref_kv)
+        ours = fast_runner.forward(batch, fast_kv)
+        assert ours.dtype == np.float32 and ours.shape == ref.shape
+        assert relative_error(ours, ref) <= tol
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_float32_logits_match_reference(name, oracle_model):
+    folder, _ = oracle_model(name)
+    ref, fast = load_pair(folder)
+    ids = np.random.default_rng(7).integers(0, ref.config.vocab_size, 45).tolist()
+    assert relative_error(fast.logits(ids), ref.logits(ids)) <= 1e-4
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mixed_batches_match_reference(name, oracle_model):
+    """Prefill chunks and decodes in one forward, through pages out of order."""
+    folder, _ = oracle_model(name)
+    ref, fast = load_pair(folder)
+    steps = mixed_schedule(ref.config.vocab_size, block_size=4, seed=len(name))
+    assert_runners_agree(ref.runner, fast.runner, steps, block_size=4, tol=1e-4)
+
+
+@pytest.mark.skipif(not (BUNDLED["bundled"] / "config.json").is_file(),
+                    reason="the bundled model is not in tinyinfer/data/shakespeare yet")
+def test_bundled_model_matches_reference():
+    ref, fast = load_pair("bundled")
+    ids = np.random.default_rng(3).integers(0, ref.config.vocab_size, 64).tolist()
+    assert relative_error(fast.logits(ids), ref.logits(ids)) <= 1e-4
+    steps = mixed_schedule(ref.config.vocab_size, block_size=16, seed=5)
+    assert_runners_agree(ref.runner, fast.runner, steps, block_size=16, tol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa-untied", "qwen2-bias"])
+def test_greedy_generations_identical_through_engine(name, oracle_model):
+    """Several prompts, chunked prefill mixed with decodes, both runners, same tokens."""
+    folder, _ = oracle_model(name)
+    ref, fast = load_pair(folder)
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, ref.config.vocab_size, n).tolist() for n in (1, 9, 30, 17)]
+    params = tinyinfer.SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    outputs = []
+    for model in (ref, fast):
+        engine = tinyinfer.Engine(model, block_size=4, max_num_batched_tokens=16)
+        outputs.append([c.token_ids for c in engine.generate(prompts, params)])
+    assert outputs[0] == outputs[1]
+    assert all(len(tokens) == 20 for tokens in outputs[0])
+
+
+def test_copy_page_copies_every_layer(oracle_model):
+    folder, _ = oracle_model("llama-gqa-untied")
+    runner = tinyinfer.load(folder, runner="torch", device="cpu").runner
+    kv = runner.new_kv_cache(4, 4)
+    ids = np.arange(1, 7).tolist()
+    runner.forward(make_batch([(ids, 0, [2, 0], False)], 4), kv)
+    runner.copy_page(kv, 2, 3)
+    assert torch.equal(kv.k[:, 3], kv.k[:, 2]) and torch.equal(kv.v[:, 3], kv.v[:, 2])
+    assert kv.k[:, 2].abs().sum() > 0
+
+
+def test_compiled_decode_matches_reference(oracle_model):
+    """torch.compile of the layer functions (one decode shape, so it compiles once)."""
+    folder, _ = oracle_model("llama-gqa-untied")
+    ref, fast = load_pair(folder, compile=True)
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, ref.config.vocab_size, (3, 6))
+    tables = [[5, 1], [0, 6], [3, 2]]
+    steps = ([(ids[s, t:t + 1].tolist(), t, tables[s], False) for s in range(3)] for t in range(6))
+    assert_runners_agree(ref.runner, fast.runner, steps, block_size=4, tol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_random_weights_cover_every_weight_the_reference_reads(family):
+    raw = {"gpt2": dict(model_type="gpt2", vocab_size=96, n_embd=32, n_layer=2, n_head=4,
+                        n_positions=64),
+           "llama": dict(model_type="qwen2", vocab_size=96, hidden_size=32, intermediate_size=48,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, tie_word_embeddings=False)}[family]
+    config = config_from_dict(raw)
+    weights = random_weights(config, device="cpu", dtype="float32", seed=1, std=0.2)
+    ref = NumpyRunner(config, {name: w.numpy() for name, w in weights.items()})
+    fast = TorchRunner(config, weights, device="cpu")
+    steps = mixed_schedule(config.vocab_size, block_size=4, seed=2)
+    assert_runners_agree(ref, fast, steps, block_size=4, tol=1e-4)
+
+
+def test_bad_options_raise_errors_that_say_what_to_do(oracle_model):
+    folder, _ = oracle_model("gpt2")
+    with pytest.raises(TinyInferError, match="float32"):
+        tinyinfer.load(folder, runner="torch", device="cpu", dtype="int8")
+    with pytest.raises(TinyInferError, match="cuda_graphs=False"):
+        tinyinfer.load(folder, runner="torch", device="cpu", cuda_graphs=True)
+    with pytest.raises(TinyInferError, match="decode_attention='torch'"):
+        tinyinfer.load(folder, runner="torch", device="cpu", decode_attention="triton")
+    if not torch.cuda.is_available():
+        with pytest.raises(TinyInferError, match="device='cpu'"):
+            tinyinfer.load(folder, runner="torch", device="cuda")
+
+
+def _triton_installed() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _triton_installed(),
+                    reason="triton is not installed; scripts/gpu_check.py runs the kernel on a GPU")
+def test_triton_decode_kernel_matches_torch_version_in_interpreter():
+    """The Triton kernel, run by Triton's CPU interpreter, equals the gather + mask version."""
+    code = (
+        "import torch\n"
+        "from tinyinfer.model import torch_layers, torch_triton\n"
+        "torch.manual_seed(0)\n"
+        "for heads, kv_heads, hd, page, rope in [(4, 2, 16, 4, True), (6, 2, 24, 4, True),\n"
+        "                                        (4, 4, 16, 8, False), (4, 1, 32, 16, True)]:\n"
+        "    k_cache, v_cache = torch.randn(2, 20, page, kv_heads, hd).unbind(0)\n"
+        "    qkv = torch.randn(3, (heads + 2 * kv_heads) * hd)\n"
+        "    positions = torch.tensor([0, 5, 6 * page - 1])\n"
+        "    tables = torch.stack([torch.randperm(20)[:6] for _ in range(3)])\n"
+        "    slots = tables[torch.arange(3), positions // page] * page + positions % page\n"
+        "    angles = torch.arange(128.0, dtype=torch.float64)[:, None] * torch.rand(hd // 2)\n"
+        "    cos, sin = (angles.cos().float(), angles.sin().float()) if rope else (None, None)\n"
+        "    ref_cache = (k_cache.clone(), v_cache.clone())\n"
+        "    ref = torch_layers.paged_decode_attention(qkv, positions, slots, tables, *ref_cache,\n"
+        "                                              cos, sin, heads)\n"
+        "    for splits in (1, 4):\n"
+        "        cache = (k_cache.clone(), v_cache.clone())\n"
+        "        out = torch_triton.paged_decode_attention(qkv, positions, slots, tables, *cache,\n"
+        "                                                  cos, sin, heads, num_splits=splits)\n"
+        "        assert torch.allclose(out, ref, atol=1e-5), (heads, kv_heads, hd, splits)\n"
+        "        assert torch.equal(cache[0], ref_cache[0]) and torch.equal(cache[1], ref_cache[1])\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

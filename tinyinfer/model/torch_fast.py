@@ -1,0 +1,295 @@
+"""The fast runner: the reference's forward pass in PyTorch, on CPU or CUDA.
+
+Same function as ``numpy_ref.NumpyRunner``, arranged for speed:
+
+* weights go to the device once, in the compute dtype (bf16 on CUDA by default), with
+  q/k/v fused into one projection and gate/up into another, so each is one matrix product;
+* K/V live in paged device tensors ``[layers, pages + 1, S, Hkv, hd]`` (the extra page is
+  scratch for padded CUDA-graph rows);
+* one forward per mixed batch: prefill chunks attend with ``scaled_dot_product_attention``
+  per sequence; all decoding sequences attend together, reading pages through their block
+  tables (a Triton kernel on CUDA, a gather + mask elsewhere);
+* ``compile=True`` runs the per-layer tensor functions through ``torch.compile`` (fusing
+  norms, residual adds and activations); ``cuda_graphs=True`` replays decode steps from
+  CUDA graphs captured per padded batch size. Both default on for CUDA, off for CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tinyinfer.config import ModelConfig, rope_inverse_frequencies
+from tinyinfer.errors import TinyInferError
+from tinyinfer.model import torch_layers as layers
+from tinyinfer.model.runner import Batch
+from tinyinfer.model.torch_graphs import DecodeGraphs
+from tinyinfer.model.torch_weights import DeviceWeights, pick_device, pick_dtype
+
+DECODE_ATTENTION = ("auto", "triton", "torch")
+
+
+@dataclass
+class TorchKVCache:
+    """K and V pages of every layer on the device: k[layer] is [P + 1, S, Hkv, hd]."""
+
+    k: Tensor  # [L, P + 1, S, Hkv, hd]; page P is scratch for padded decode rows
+    v: Tensor
+    block_size: int
+    graphs: DecodeGraphs | None = field(default=None, repr=False)
+
+    @property
+    def num_pages(self) -> int:
+        return self.k.shape[1] - 1
+
+    @property
+    def scratch_page(self) -> int:
+        return self.num_pages
+
+
+@dataclass(frozen=True)
+class _Prefill:
+    """One sequence with several new tokens: its rows, its pages and its context length."""
+
+    rows: slice
+    pages: Tensor  # [ceil(context_len / S)] int64
+    context_len: int
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A batch as device tensors, split into decoding rows and prefill chunks."""
+
+    token_ids: Tensor  # [T] int64
+    positions: Tensor  # [T] int64
+    slots: Tensor  # [T] int64
+    decode_tables: Tensor | None  # [Bd, W] block tables of the one-token sequences
+    decode_rows: Tensor | None  # [Bd] their rows; None when every row decodes
+    prefills: tuple[_Prefill, ...] = ()
+    logits_rows: Tensor | None = None  # [R]; None means every row
+
+
+class TorchRunner:
+    """Fast runner: fp32 / fp16 / bf16 on CPU or CUDA, same outputs as the reference."""
+
+    name = "torch"
+
+    def __init__(self, config: ModelConfig, weights: Mapping[str, np.ndarray | Tensor],
+                 device: str | None = None, dtype: str | None = None,
+                 compile: bool | None = None, cuda_graphs: bool | None = None,
+                 decode_attention: str = "auto", max_graph_batch: int = 128):
+        self.config = config
+        self.device = pick_device(device)
+        on_cuda = self.device.type == "cuda"
+        self.dtype = pick_dtype(dtype, on_cuda)
+        if cuda_graphs and not on_cuda:
+            raise TinyInferError("CUDA graphs need a CUDA device: pass cuda_graphs=False on CPU")
+        self.compile = on_cuda if compile is None else bool(compile)
+        self.cuda_graphs = on_cuda if cuda_graphs is None else bool(cuda_graphs)
+        if max_graph_batch < 1:
+            raise TinyInferError(f"max_graph_batch must be at least 1, got {max_graph_batch}")
+        self.max_graph_batch = max_graph_batch
+        self.decode_attention_kind = self._pick_decode_attention(decode_attention)
+        kernel = _triton_decode_attention() if self.decode_attention_kind == "triton" else None
+        self.decode_attention: Callable[..., Tensor] = kernel or layers.paged_decode_attention
+        self.w = DeviceWeights.load(config, weights, self.device, self.dtype)
+        rope = _rope_tables(config, self.device) if config.uses_rope else (None, None)
+        self.cos, self.sin = rope
+        self._eager = (layers.attention_input, layers.mlp_block, layers.final_logits)
+        self._decode_fns = self._eager
+        if self.compile:
+            # Every runner adds up to two cache entries per function (batch 1, then any batch);
+            # past Dynamo's default limit of 8 it would silently run eager.
+            dynamo_config = torch._dynamo.config
+            dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
+            self._decode_fns = tuple(torch.compile(fn) for fn in self._eager)
+        self._announced_compile = False
+
+    # ------------------------------------------------------------------ setup
+
+    def _pick_decode_attention(self, choice: str) -> str:
+        """"triton" (the kernel) on CUDA where it applies, else "torch" (gather + mask)."""
+        if choice not in DECODE_ATTENTION:
+            raise TinyInferError(f"decode_attention must be one of {DECODE_ATTENTION}, got {choice!r}")
+        usable = self.device.type == "cuda" and self.config.head_dim % 2 == 0
+        if choice == "torch" or (choice == "auto" and not usable):
+            return "torch"
+        if not usable:
+            raise TinyInferError("the Triton decode kernel needs a CUDA device and an even head_dim: "
+                                 "use decode_attention='torch'")
+        if _triton_decode_attention() is None:
+            if choice == "triton":
+                raise TinyInferError("decode_attention='triton' needs the triton package: "
+                                     "install it or use decode_attention='torch'")
+            return "torch"
+        return "triton"
+
+    def describe(self) -> dict[str, Any]:
+        """What the runner chose: device, dtype, compile, CUDA graphs, decode attention."""
+        return {
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "compile": self.compile,
+            "cuda_graphs": self.cuda_graphs,
+            "decode_attention": self.decode_attention_kind,
+        }
+
+    # ------------------------------------------------------------------ protocol
+
+    def new_kv_cache(self, num_pages: int, block_size: int) -> TorchKVCache:
+        """K/V pages on the device, plus one scratch page."""
+        c = self.config
+        shape = (c.num_layers, num_pages + 1, block_size, c.num_kv_heads, c.head_dim)
+        return TorchKVCache(k=torch.zeros(shape, dtype=self.dtype, device=self.device),
+                            v=torch.zeros(shape, dtype=self.dtype, device=self.device),
+                            block_size=block_size)
+
+    def copy_page(self, kv_cache: TorchKVCache, src: int, dst: int) -> None:
+        kv_cache.k[:, dst].copy_(kv_cache.k[:, src])
+        kv_cache.v[:, dst].copy_(kv_cache.v[:, src])
+
+    @torch.no_grad()
+    def forward(self, batch: Batch, kv_cache: TorchKVCache) -> np.ndarray:
+        """Run one mixed batch; write its K/V into the pages; return float32 logits [R, V]."""
+        if batch.num_tokens == batch.num_seqs:
+            self._announce_compile()
+        graphs = self._decode_graphs(batch, kv_cache)
+        if graphs is not None:
+            size = graphs.padded_size(batch.num_seqs)
+            if size is not None:
+                return graphs.run(batch, size)
+        step = self._step_inputs(batch, kv_cache.block_size)
+        return self._forward_step(step, kv_cache).cpu().numpy()
+
+    # ------------------------------------------------------------------ the model
+
+    def _forward_step(self, step: _Step, kv: TorchKVCache) -> Tensor:
+        """Embed, run every layer, and return float32 logits for the step's logits rows."""
+        # Decode steps (memory-bound, many small kernels) run the compiled functions; prefill
+        # chunks (compute-bound, shapes that vary every step) run them eager.
+        attention_input, mlp_block, final_logits = self._eager if step.prefills else self._decode_fns
+        w = self.w
+        x = w.embed[step.token_ids]  # [T, D]
+        if w.pos_embed is not None:
+            x = x + w.pos_embed[step.positions]
+        residual = torch.zeros_like(x)
+        eps, gated = self.config.norm_eps, self.config.family == "llama"
+        for i, layer in enumerate(w.layers):
+            x, qkv = attention_input(x, residual, *layer.attn_norm, *layer.qkv, eps)
+            attn = self._attention(i, qkv, step, kv)  # [T, H hd]
+            x, residual = mlp_block(x, attn, *layer.o, *layer.mlp_norm, *layer.mlp_in,
+                                    *layer.mlp_out, eps, gated)
+        if step.logits_rows is not None:
+            x, residual = x[step.logits_rows], residual[step.logits_rows]
+        return final_logits(x, residual, *w.final_norm, w.head, eps)  # [R, V]
+
+    def _attention(self, layer: int, qkv: Tensor, step: _Step, kv: TorchKVCache) -> Tensor:
+        """Decode rows attend together through their block tables; prefill chunks one by one."""
+        c = self.config
+        k_cache, v_cache = kv.k[layer], kv.v[layer]  # [P + 1, S, Hkv, hd]
+
+        def decode(qkv_rows: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
+            return self.decode_attention(qkv_rows, positions, slots, step.decode_tables, k_cache,
+                                         v_cache, self.cos, self.sin, c.num_heads)
+
+        if not step.prefills:
+            return decode(qkv, step.positions, step.slots)
+        out = qkv.new_empty((qkv.shape[0], c.num_heads * c.head_dim))  # [T, H hd]
+        if step.decode_rows is not None:
+            rows = step.decode_rows
+            out[rows] = decode(qkv[rows], step.positions[rows], step.slots[rows])
+        for chunk in step.prefills:
+            q, k, v = layers.split_qkv(qkv[chunk.rows], c.num_heads, c.num_kv_heads, c.head_dim)
+            positions = step.positions[chunk.rows]
+            if self.cos is not None and self.sin is not None:
+                cos, sin = self.cos[positions], self.sin[positions]
+                q, k = layers.apply_rope(q, cos, sin), layers.apply_rope(k, cos, sin)
+            layers.write_kv(k_cache, v_cache, step.slots[chunk.rows], k, v)
+            attended = layers.prefill_attention(q, k, v, positions, k_cache, v_cache, chunk.pages,
+                                                chunk.context_len)
+            out[chunk.rows] = attended.flatten(1)
+        return out
+
+    # ------------------------------------------------------------------ inputs
+
+    def _step_inputs(self, batch: Batch, block_size: int) -> _Step:
+        """Move a batch to the device and sort its sequences into decodes and prefill chunks."""
+        def tensor(values: np.ndarray) -> Tensor:
+            return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(self.device)
+
+        starts = batch.query_starts
+        lengths = np.diff(starts)  # [B] new tokens per sequence
+        decoding = np.flatnonzero(lengths == 1)
+        tables = None
+        if len(decoding):
+            width = max(len(batch.block_tables[b]) for b in decoding)
+            padded = np.zeros((len(decoding), width), dtype=np.int64)  # [Bd, W]
+            for row, b in enumerate(decoding):
+                padded[row, :len(batch.block_tables[b])] = batch.block_tables[b]
+            tables = tensor(padded)
+        prefills = tuple(
+            _Prefill(rows=slice(int(starts[b]), int(starts[b + 1])),
+                     pages=tensor(np.asarray(
+                         batch.block_tables[b][:math.ceil(int(batch.context_lens[b]) / block_size)])),
+                     context_len=int(batch.context_lens[b]))
+            for b in np.flatnonzero(lengths != 1)
+        )
+        all_rows = np.array_equal(batch.logits_rows, np.arange(batch.num_tokens))
+        return _Step(
+            token_ids=tensor(batch.token_ids),
+            positions=tensor(batch.positions),
+            slots=tensor(batch.slot_mapping),
+            decode_tables=tables,
+            decode_rows=tensor(starts[decoding]) if prefills and len(decoding) else None,
+            prefills=prefills,
+            logits_rows=None if all_rows else tensor(batch.logits_rows),
+        )
+
+    # ------------------------------------------------------------------ CUDA graphs
+
+    def _decode_graphs(self, batch: Batch, kv: TorchKVCache) -> DecodeGraphs | None:
+        """The cache's decode graphs if this batch can replay one (every sequence decoding)."""
+        if not self.cuda_graphs or batch.num_tokens != batch.num_seqs:
+            return None
+        if not np.array_equal(batch.logits_rows, np.arange(batch.num_seqs)):
+            return None
+        if kv.graphs is None:
+            width = min(math.ceil(self.config.max_model_len / kv.block_size), kv.num_pages)
+            kv.graphs = DecodeGraphs(
+                step=lambda tokens, positions, slots, tables: self._forward_step(
+                    _Step(tokens, positions, slots, decode_tables=tables, decode_rows=None), kv),
+                max_batch=self.max_graph_batch, table_width=width,
+                scratch_page=kv.scratch_page, page_size=kv.block_size, device=self.device)
+        return kv.graphs
+
+    def _announce_compile(self) -> None:
+        if self.compile and not self._announced_compile:
+            self._announced_compile = True
+            print("tinyinfer: torch.compile is compiling the decode step (first decode; "
+                  "batches of 2+ compile once more)", file=sys.stderr, flush=True)
+
+
+def _triton_decode_attention() -> Callable[..., Tensor] | None:
+    """The Triton paged-decode kernel, or None where Triton is not installed."""
+    try:
+        from tinyinfer.model import torch_triton
+    except ImportError:
+        return None
+    return torch_triton.paged_decode_attention
+
+
+def _rope_tables(config: ModelConfig, device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos and sin of every (position, frequency) angle, computed in float64, kept in float32.
+
+    -> two [max_model_len, hd/2] tables, indexed by position.
+    """
+    inv_freq = np.asarray(rope_inverse_frequencies(config), dtype=np.float64)
+    angles = np.arange(config.max_model_len, dtype=np.float64)[:, None] * inv_freq[None, :]
+    as_table = lambda a: torch.from_numpy(a.astype(np.float32)).to(device)  # noqa: E731
+    return as_table(np.cos(angles)), as_table(np.sin(angles))

@@ -1,0 +1,106 @@
+"""CUDA graphs of the decode step: one per padded batch size, over one KV cache.
+
+At batch 1 a decode step is a few hundred small kernels; launching them one by one from
+Python costs more than running them. A CUDA graph records the whole step once and replays it
+with one launch. A graph replays fixed addresses, so every input lives in one static device
+buffer: each step writes the batch into a pinned host copy, sends it in one transfer, replays
+the graph for the next padded batch size (1, 2, 4, 8, ...) and reads the logits back.
+Padding rows decode token 0 at position 0 into the cache's scratch page, so they disturb
+nothing; their logits are dropped.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tinyinfer.model.runner import Batch
+
+GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class DecodeGraphs:
+    """Captured decode steps for one KV cache, and the static buffers they read and write.
+
+    ``step(token_ids, positions, slots, block_tables)`` must run a whole decode step on
+    device tensors ([b], [b], [b], [b, W]) and return float32 logits [b, V].
+    """
+
+    def __init__(self, step: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor],
+                 max_batch: int, table_width: int, scratch_page: int, page_size: int,
+                 device: torch.device):
+        self.step = step
+        self.sizes = [s for s in GRAPH_BATCH_SIZES if s <= max_batch]
+        self.max_batch = self.sizes[-1]
+        self.table_width = table_width
+        self.scratch_slot = scratch_page * page_size
+        self.scratch_page = scratch_page
+        # One int64 buffer: token ids, positions, slots (max_batch each), then block tables.
+        size = 3 * self.max_batch + self.max_batch * table_width
+        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=True)
+        self.inputs = torch.zeros(size, dtype=torch.int64, device=device)
+        self.logits_host: Tensor | None = None
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self.pool = None
+
+    def padded_size(self, batch_size: int) -> int | None:
+        """The smallest captured size that holds the batch, or None if none does."""
+        return next((s for s in self.sizes if s >= batch_size), None)
+
+    def _views(self, buffer: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(token_ids [size], positions [size], slots [size], block_tables [size, W]) of a buffer."""
+        mb = self.max_batch
+        tables = buffer[3 * mb:].view(mb, self.table_width)
+        return buffer[:size], buffer[mb:mb + size], buffer[2 * mb:2 * mb + size], tables[:size]
+
+    def _stage(self, batch: Batch, size: int) -> int:
+        """Write the batch, padded to `size` rows, into the pinned buffer; return elements used."""
+        n = batch.num_seqs
+        tokens, positions, slots, tables = (t.numpy() for t in self._views(self.host, size))
+        tokens[:n], positions[:n], slots[:n] = batch.token_ids, batch.positions, batch.slot_mapping
+        tokens[n:], positions[n:], slots[n:] = 0, 0, self.scratch_slot
+        for row, table in enumerate(batch.block_tables):
+            tables[row, :len(table)] = table
+        tables[n:, 0] = self.scratch_page
+        return 3 * self.max_batch + size * self.table_width
+
+    def run(self, batch: Batch, size: int) -> np.ndarray:
+        """Decode one batch through the graph for `size` rows (captured first if new). -> [B, V]."""
+        used = self._stage(batch, size)
+        self.inputs[:used].copy_(self.host[:used], non_blocking=True)
+        if size not in self.graphs:
+            self.graphs[size] = self._capture(size)
+        graph, logits = self.graphs[size]
+        graph.replay()
+        if self.logits_host is None:
+            self.logits_host = torch.empty((self.max_batch, logits.shape[1]), dtype=torch.float32,
+                                           pin_memory=True)
+        out = self.logits_host[:batch.num_seqs]
+        out.copy_(logits[:batch.num_seqs], non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+        return out.numpy().copy()
+
+    def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        """Warm up (compiling if asked) on a side stream, then record the step for `size` rows.
+
+        The warm-up runs on the staged real batch: a decode step rewrites its own token's K/V
+        with the same values, so running it again changes nothing.
+        """
+        print(f"tinyinfer: capturing a CUDA graph for decode batches of {size} "
+              "(once per batch size)", file=sys.stderr, flush=True)
+        views = self._views(self.inputs, size)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.step(*views)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = self.step(*views)
+        self.pool = graph.pool()
+        return graph, logits

@@ -1,0 +1,139 @@
+"""The fast path's tensor functions: the reference's math, regrouped so each call fuses well.
+
+Every function here is pure PyTorch and runs on any device. The runner calls them per layer:
+``attention_input`` (residual add + norm + fused QKV projection), an attention function,
+then ``mlp_block`` (output projection + residual + norm + fused gate/up MLP). A block's final
+residual add is left for the next block's ``attention_input`` (or ``final_logits``), so under
+``torch.compile`` one kernel does "add, then normalise" instead of two.
+
+Shapes use: T new tokens, D hidden size, H query heads, Hkv key/value heads, hd head dim,
+B sequences, P pages, S tokens per page, W page slots in a block-table row, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """y = x W^T + b.  x: [T, in], weight: [out, in] -> [T, out]."""
+    return F.linear(x, weight, bias)
+
+
+def norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
+    """RMSNorm (bias None, Llama) or LayerNorm (GPT-2), computed in float32.  x: [T, D]."""
+    xf = x.float()
+    if bias is None:
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    else:
+        y = F.layer_norm(xf, (x.shape[-1],), weight.float(), bias.float(), eps)
+    return y.to(x.dtype)
+
+
+def attention_input(x: Tensor, residual: Tensor, norm_w: Tensor, norm_b: Tensor | None,
+                    qkv_w: Tensor, qkv_b: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
+    """Add the previous block's output, normalise, project to fused q|k|v.
+
+    x, residual: [T, D] -> (x + residual [T, D], qkv [T, (H + 2 Hkv) hd]).
+    """
+    x = x + residual
+    return x, linear(norm(x, norm_w, norm_b, eps), qkv_w, qkv_b)
+
+
+def mlp_block(x: Tensor, attn: Tensor, o_w: Tensor, o_b: Tensor | None, norm_w: Tensor,
+              norm_b: Tensor | None, in_w: Tensor, in_b: Tensor | None, out_w: Tensor,
+              out_b: Tensor | None, eps: float, gated: bool) -> tuple[Tensor, Tensor]:
+    """Project attention out and add it, then the MLP; its output is returned, not yet added.
+
+    attn: [T, H hd]. Llama (gated): in_w is gate|up fused [2F, D], out = down(silu(gate) * up).
+    GPT-2: in_w is fc [F, D], out = proj(gelu_tanh(fc)).  -> (x [T, D], mlp output [T, D]).
+    """
+    x = x + linear(attn, o_w, o_b)
+    h = linear(norm(x, norm_w, norm_b, eps), in_w, in_b)
+    if gated:
+        gate, up = h.chunk(2, dim=-1)
+        h = F.silu(gate) * up
+    else:
+        h = F.gelu(h, approximate="tanh")
+    return x, linear(h, out_w, out_b)
+
+
+def final_logits(x: Tensor, residual: Tensor, norm_w: Tensor, norm_b: Tensor | None,
+                 head: Tensor, eps: float) -> Tensor:
+    """Last residual add, final norm, LM head.  x: [R, D], head: [V, D] -> float32 [R, V]."""
+    return linear(norm(x + residual, norm_w, norm_b, eps), head, None).float()
+
+
+def split_qkv(qkv: Tensor, num_heads: int, num_kv_heads: int,
+              head_dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Cut fused projections into heads.  qkv: [T, (H + 2 Hkv) hd] -> [T, H, hd], 2 x [T, Hkv, hd]."""
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    return (q.reshape(-1, num_heads, head_dim), k.reshape(-1, num_kv_heads, head_dim),
+            v.reshape(-1, num_kv_heads, head_dim))
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate pairs (x[i], x[i + hd/2]) by each token's angles.  x: [T, heads, hd], cos/sin: [T, hd/2]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+def write_kv(k_cache: Tensor, v_cache: Tensor, slots: Tensor, k: Tensor, v: Tensor) -> None:
+    """Store new tokens' K/V at their slots.  caches: [P, S, Hkv, hd], k, v: [T, Hkv, hd]."""
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def prefill_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, k_cache: Tensor,
+                      v_cache: Tensor, pages: Tensor, context_len: int) -> Tensor:
+    """Causal attention of one sequence's new queries over its whole context.
+
+    q: [Tq, H, hd] at `positions`; k, v: [Tq, Hkv, hd], already written to the cache.
+    A chunk that is the whole context attends to its own k, v; a later chunk gathers
+    the earlier keys from its pages.  A query at position p sees keys 0..p.  -> [Tq, H, hd].
+    """
+    num_new = q.shape[0]
+    if context_len == num_new:
+        keys, values, mask = k, v, None
+    else:
+        keys = k_cache[pages].flatten(0, 1)[:context_len]  # [N, Hkv, hd]
+        values = v_cache[pages].flatten(0, 1)[:context_len]
+        mask = torch.arange(context_len, device=q.device)[None, :] <= positions[:, None]  # [Tq, N]
+    group = q.shape[1] // keys.shape[1]
+    keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [H, N, hd]
+    values = values.repeat_interleave(group, dim=1).transpose(0, 1)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask,
+                                         is_causal=mask is None)
+    return out.transpose(0, 1)  # [Tq, H, hd]
+
+
+def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, block_tables: Tensor,
+                           k_cache: Tensor, v_cache: Tensor, cos_table: Tensor | None,
+                           sin_table: Tensor | None, num_heads: int) -> Tensor:
+    """One new token per sequence: rotate, store K/V, attend over its pages (gather + mask).
+
+    qkv: [B, (H + 2 Hkv) hd], positions/slots: [B], block_tables: [B, W] page ids,
+    caches: [P, S, Hkv, hd], cos/sin tables: [max_len, hd/2] (None without RoPE).
+    The token at position p sees keys 0..p.  -> [B, H hd].
+    The Triton kernel in torch_triton.py computes the same thing without the gather.
+    """
+    batch = qkv.shape[0]
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    q, k, v = split_qkv(qkv, num_heads, num_kv_heads, head_dim)
+    if cos_table is not None and sin_table is not None:
+        q = apply_rope(q, cos_table[positions], sin_table[positions])
+        k = apply_rope(k, cos_table[positions], sin_table[positions])
+    write_kv(k_cache, v_cache, slots, k, v)
+    keys = k_cache[block_tables].flatten(1, 2)  # [B, N = W S, Hkv, hd]
+    values = v_cache[block_tables].flatten(1, 2)
+    q = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, G, hd]
+    scores = torch.einsum("bkgd,bnkd->bkgn", q.float(), keys.float()) * head_dim ** -0.5
+    future = torch.arange(keys.shape[1], device=qkv.device)[None, :] > positions[:, None]  # [B, N]
+    scores = scores.masked_fill(future[:, None, None, :], float("-inf"))
+    out = torch.einsum("bkgn,bnkd->bkgd", scores.softmax(dim=-1), values.float())
+    return out.reshape(batch, num_heads * head_dim).to(qkv.dtype)

@@ -1,0 +1,191 @@
+"""A Triton kernel for paged decode attention (GPU only; imported only when Triton is there).
+
+It computes what ``torch_layers.paged_decode_attention`` computes, in one or two launches per
+layer. A program takes one (sequence, KV head, context split): it rotates the new token's q
+and k, and the first split stores the new k and v in the token's page slot; then it streams
+its share of the earlier keys and values page by page through the block table with an
+online softmax. Nothing is gathered into a padded copy, so the cost follows each sequence's
+real context, not the block table's width — which lets one CUDA graph serve every length.
+
+At batch 1 there are only (KV heads) programs, each walking the whole context one block
+after another; splitting the context across programs (flash-decoding) keeps the GPU busy,
+and a second small kernel merges the splits' partial softmaxes.
+
+The new token is scored from registers rather than read back from the cache, so no program
+reads memory it has just written. Each head is handled as its two RoPE halves, so only the
+halves need padding to a power of two.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+ELEMENTS_PER_PROGRAM = 8192  # query heads x keys x half head dim held at once per program
+MAX_SPLITS = 16
+
+
+@triton.jit
+def _paged_decode_kernel(
+    qkv_ptr, out_ptr, part_acc_ptr, part_ml_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
+    positions_ptr, slots_ptr, block_tables_ptr,
+    qkv_row_stride, block_table_row_stride, scale,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+    GROUP_P: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ROPE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    head_dim = 2 * HALF
+    g = tl.arange(0, GROUP_P)  # the query heads that share this KV head
+    d = tl.arange(0, HALF_P)
+    g_ok, d_ok = g < GROUP, d < HALF
+    gd_ok = g_ok[:, None] & d_ok[None, :]
+    heads = kv_head * GROUP + g
+    pos = tl.load(positions_ptr + seq)
+    first = split == 0
+
+    row = qkv_ptr + seq * qkv_row_stride
+    q_at = row + heads[:, None] * head_dim + d[None, :]  # [G, half]
+    q1 = tl.load(q_at, mask=gd_ok, other=0.0).to(tl.float32)
+    q2 = tl.load(q_at + HALF, mask=gd_ok, other=0.0).to(tl.float32)
+    k_at = row + (NUM_HEADS + kv_head) * head_dim + d
+    k1 = tl.load(k_at, mask=d_ok, other=0.0).to(tl.float32)
+    k2 = tl.load(k_at + HALF, mask=d_ok, other=0.0).to(tl.float32)
+    v_at = row + (NUM_HEADS + NUM_KV_HEADS + kv_head) * head_dim + d
+    v1 = tl.load(v_at, mask=d_ok, other=0.0)
+    v2 = tl.load(v_at + HALF, mask=d_ok, other=0.0)
+    if ROPE:
+        cos = tl.load(cos_ptr + pos * HALF + d, mask=d_ok, other=0.0)
+        sin = tl.load(sin_ptr + pos * HALF + d, mask=d_ok, other=0.0)
+        q1, q2 = q1 * cos[None, :] - q2 * sin[None, :], q2 * cos[None, :] + q1 * sin[None, :]
+        k1, k2 = k1 * cos - k2 * sin, k2 * cos + k1 * sin
+
+    # The new token's K/V, rounded to the cache dtype, stored once (by split 0).
+    cache_dtype = k_cache_ptr.dtype.element_ty
+    k1, k2 = k1.to(cache_dtype), k2.to(cache_dtype)
+    v1, v2 = v1.to(cache_dtype), v2.to(cache_dtype)
+    slot_at = tl.load(slots_ptr + seq) * (NUM_KV_HEADS * head_dim) + kv_head * head_dim + d
+    tl.store(k_cache_ptr + slot_at, k1, mask=d_ok & first)
+    tl.store(k_cache_ptr + slot_at + HALF, k2, mask=d_ok & first)
+    tl.store(v_cache_ptr + slot_at, v1, mask=d_ok & first)
+    tl.store(v_cache_ptr + slot_at + HALF, v2, mask=d_ok & first)
+
+    # Online softmax state [G]: split 0 starts from the new token, the others from nothing.
+    q1, q2 = q1 * scale, q2 * scale
+    s_new = tl.sum(q1 * k1.to(tl.float32)[None, :], 1) + tl.sum(q2 * k2.to(tl.float32)[None, :], 1)
+    m = tl.where(first, s_new, float("-inf"))
+    l = tl.where(first, 1.0, 0.0) + tl.zeros([GROUP_P], tl.float32)
+    acc1 = tl.zeros([GROUP_P, HALF_P], tl.float32) + tl.where(first, v1.to(tl.float32), 0.0)[None, :]
+    acc2 = tl.zeros([GROUP_P, HALF_P], tl.float32) + tl.where(first, v2.to(tl.float32), 0.0)[None, :]
+
+    # This split's share of the earlier tokens 0..pos-1, BLOCK_N at a time, through the pages.
+    # (A while loop, not range(lo, hi, ...): Triton's CPU interpreter, which the tests use,
+    # cannot take a loaded scalar as a range bound.)
+    share = tl.cdiv(pos, NUM_SPLITS)
+    start = split * share
+    end = tl.minimum(start + share, pos)
+    tables = block_tables_ptr + seq * block_table_row_stride
+    while start < end:
+        n = start + tl.arange(0, BLOCK_N)
+        n_ok = n < end
+        page = tl.load(tables + n // PAGE_SIZE, mask=n_ok, other=0)
+        at = (page * PAGE_SIZE + n % PAGE_SIZE) * (NUM_KV_HEADS * head_dim) + kv_head * head_dim
+        nd_at = at[:, None] + d[None, :]  # [BLOCK_N, half]
+        nd_ok = n_ok[:, None] & d_ok[None, :]
+        kb1 = tl.load(k_cache_ptr + nd_at, mask=nd_ok, other=0.0).to(tl.float32)
+        kb2 = tl.load(k_cache_ptr + nd_at + HALF, mask=nd_ok, other=0.0).to(tl.float32)
+        vb1 = tl.load(v_cache_ptr + nd_at, mask=nd_ok, other=0.0).to(tl.float32)
+        vb2 = tl.load(v_cache_ptr + nd_at + HALF, mask=nd_ok, other=0.0).to(tl.float32)
+        s = tl.sum(q1[:, None, :] * kb1[None, :, :], 2) + tl.sum(q2[:, None, :] * kb2[None, :, :], 2)
+        s = tl.where(n_ok[None, :], s, float("-inf"))  # [G, BLOCK_N]
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        acc1 = acc1 * alpha[:, None] + tl.sum(p[:, :, None] * vb1[None, :, :], 1)
+        acc2 = acc2 * alpha[:, None] + tl.sum(p[:, :, None] * vb2[None, :, :], 1)
+        m = m_new
+        start += BLOCK_N
+
+    if NUM_SPLITS == 1:
+        out_at = out_ptr + seq * NUM_HEADS * head_dim + heads[:, None] * head_dim + d[None, :]
+        out_dtype = out_ptr.dtype.element_ty
+        tl.store(out_at, (acc1 / l[:, None]).to(out_dtype), mask=gd_ok)
+        tl.store(out_at + HALF, (acc2 / l[:, None]).to(out_dtype), mask=gd_ok)
+    else:
+        # Partials, unnormalised: acc [B, H, splits, hd], (m, l) [B, H, splits, 2].
+        part = (seq * NUM_HEADS + heads) * NUM_SPLITS + split  # [G]
+        acc_at = part_acc_ptr + part[:, None] * head_dim + d[None, :]
+        tl.store(acc_at, acc1, mask=gd_ok)
+        tl.store(acc_at + HALF, acc2, mask=gd_ok)
+        tl.store(part_ml_ptr + part * 2, m, mask=g_ok)
+        tl.store(part_ml_ptr + part * 2 + 1, l, mask=g_ok)
+
+
+@triton.jit
+def _merge_splits_kernel(out_ptr, part_acc_ptr, part_ml_ptr, NUM_SPLITS: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
+    """out[b, h] = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s, over the splits s."""
+    row = tl.program_id(0)  # b * H + h
+    s = tl.arange(0, NUM_SPLITS)
+    d = tl.arange(0, HEAD_DIM_P)
+    d_ok = d < HEAD_DIM
+    m = tl.load(part_ml_ptr + (row * NUM_SPLITS + s) * 2)
+    l = tl.load(part_ml_ptr + (row * NUM_SPLITS + s) * 2 + 1)
+    weight = tl.exp(m - tl.max(m, 0))  # empty splits have m = -inf: weight 0
+    acc = tl.load(part_acc_ptr + (row * NUM_SPLITS + s)[:, None] * HEAD_DIM + d[None, :],
+                  mask=d_ok[None, :], other=0.0)
+    out = tl.sum(weight[:, None] * acc, 0) / tl.sum(weight * l, 0)
+    tl.store(out_ptr + row * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def default_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
+    """Enough context splits for about two programs per multiprocessor, at most MAX_SPLITS."""
+    processors = torch.cuda.get_device_properties(device).multi_processor_count
+    wanted = triton.cdiv(2 * processors, batch * num_kv_heads)
+    return min(MAX_SPLITS, triton.next_power_of_2(wanted))
+
+
+def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, block_tables: Tensor,
+                           k_cache: Tensor, v_cache: Tensor, cos_table: Tensor | None,
+                           sin_table: Tensor | None, num_heads: int,
+                           num_splits: int | None = None) -> Tensor:
+    """Same contract as ``torch_layers.paged_decode_attention``, in Triton.
+
+    qkv: [B, (H + 2 Hkv) hd] (rows contiguous), positions/slots: [B] int64,
+    block_tables: [B, W] int, caches: [P, S, Hkv, hd] contiguous.  -> [B, H hd].
+    num_splits (a power of two) splits each context across programs; None picks by GPU size.
+    """
+    batch = qkv.shape[0]
+    _, page_size, num_kv_heads, head_dim = k_cache.shape
+    if num_splits is None:
+        num_splits = default_splits(batch, num_kv_heads, qkv.device)
+    group, half = num_heads // num_kv_heads, head_dim // 2
+    group_p, half_p = triton.next_power_of_2(group), triton.next_power_of_2(half)
+    block_n = max(16, min(128, ELEMENTS_PER_PROGRAM // (group_p * half_p)))
+    out = torch.empty((batch, num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
+    parts = batch * num_heads * num_splits
+    part_acc = torch.empty((parts, head_dim) if num_splits > 1 else (1,), dtype=torch.float32,
+                           device=qkv.device)
+    part_ml = torch.empty((parts, 2) if num_splits > 1 else (1,), dtype=torch.float32,
+                          device=qkv.device)
+    rope = cos_table is not None
+    _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
+        qkv, out, part_acc, part_ml, k_cache, v_cache,
+        cos_table if rope else qkv, sin_table if rope else qkv,
+        positions, slots, block_tables,
+        qkv.stride(0), block_tables.stride(0), head_dim ** -0.5,
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_P=group_p,
+        HALF=half, HALF_P=half_p, PAGE_SIZE=page_size, BLOCK_N=block_n,
+        NUM_SPLITS=num_splits, ROPE=rope, num_warps=4,
+    )
+    if num_splits > 1:
+        _merge_splits_kernel[(batch * num_heads,)](
+            out, part_acc, part_ml, NUM_SPLITS=num_splits, HEAD_DIM=head_dim,
+            HEAD_DIM_P=triton.next_power_of_2(head_dim), num_warps=1,
+        )
+    return out

@@ -1,0 +1,171 @@
+"""The torch runner's weights: moved to the device once, fused, or made random on the device.
+
+q, k and v are concatenated along the output axis into one matrix, and so are gate and up
+(Llama): at batch 1 each matrix product is one pass over its weights, and one larger pass
+runs closer to the memory bandwidth than several small ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tinyinfer.config import ModelConfig
+from tinyinfer.errors import TinyInferError
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+Pair = tuple[Tensor, Tensor | None]  # (weight, bias or None)
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One transformer block's weights, fused and on the device."""
+
+    attn_norm: Pair
+    qkv: Pair  # [(H + 2 Hkv) hd, D]
+    o: Pair  # [D, H hd]
+    mlp_norm: Pair
+    mlp_in: Pair  # gate|up [2F, D] (Llama) or fc [F, D] (GPT-2)
+    mlp_out: Pair  # down / proj [D, F]
+
+
+@dataclass(frozen=True)
+class DeviceWeights:
+    """Every weight of a model on one device, in one dtype."""
+
+    embed: Tensor  # [V, D]
+    pos_embed: Tensor | None  # [max positions, D] (GPT-2)
+    head: Tensor  # [V, D]; the embedding itself when tied
+    final_norm: Pair
+    layers: list[LayerWeights]
+
+    @classmethod
+    def load(cls, config: ModelConfig, weights: Mapping[str, np.ndarray | Tensor],
+             device: torch.device, dtype: torch.dtype) -> DeviceWeights:
+        """Move named weights (the reference's names) to the device, fusing q|k|v and gate|up."""
+
+        def get(name: str) -> Tensor | None:
+            if name not in weights:
+                return None
+            value = weights[name]
+            if isinstance(value, np.ndarray):
+                value = torch.from_numpy(np.require(value, requirements=["C", "W"]))
+            if not isinstance(value, Tensor):
+                raise TinyInferError(
+                    f"weight {name} is a {type(value).__name__}, but the torch runner takes float "
+                    "weights: load without quantize= or use runner='numpy'")
+            return value.to(device=device, dtype=dtype)
+
+        def need(name: str) -> Tensor:
+            tensor = get(name)
+            if tensor is None:
+                raise TinyInferError(f"weight {name} is missing: the checkpoint does not match its config")
+            return tensor
+
+        def fused(prefix: str, names: tuple[str, ...], suffix: str) -> Tensor | None:
+            parts = [get(f"{prefix}{n}.{suffix}") for n in names]
+            present = [p for p in parts if p is not None]
+            return torch.cat(present) if present else None
+
+        mlp_in, mlp_out = (("gate", "up"), "down") if config.family == "llama" else (("fc",), "proj")
+        layers = []
+        for i in range(config.num_layers):
+            p = f"layers.{i}."
+            layers.append(LayerWeights(
+                attn_norm=(need(f"{p}attn_norm.weight"), get(f"{p}attn_norm.bias")),
+                qkv=(torch.cat([need(f"{p}{n}.weight") for n in "qkv"]), fused(p, ("q", "k", "v"), "bias")),
+                o=(need(f"{p}o.weight"), get(f"{p}o.bias")),
+                mlp_norm=(need(f"{p}mlp_norm.weight"), get(f"{p}mlp_norm.bias")),
+                mlp_in=(torch.cat([need(f"{p}{n}.weight") for n in mlp_in]), fused(p, mlp_in, "bias")),
+                mlp_out=(need(f"{p}{mlp_out}.weight"), get(f"{p}{mlp_out}.bias")),
+            ))
+        embed, head = need("embed"), get("lm_head")
+        return cls(embed=embed, pos_embed=get("pos_embed"), head=embed if head is None else head,
+                   final_norm=(need("final_norm.weight"), get("final_norm.bias")), layers=layers)
+
+    def streamed_bytes(self) -> int:
+        """Bytes of weights one decode step reads: every layer, the final norm and the LM head.
+
+        The input embedding (and GPT-2's position table) is read one row per token, so it counts
+        only when it is also the head.
+        """
+        tensors: list[Tensor | None] = [self.head, *self.final_norm]
+        for layer in self.layers:
+            for pair in (layer.attn_norm, layer.qkv, layer.o, layer.mlp_norm, layer.mlp_in,
+                         layer.mlp_out):
+                tensors.extend(pair)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def pick_device(device: str | None) -> torch.device:
+    """The requested device, or CUDA when available and nothing was asked for."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        chosen = torch.device(device)
+    except RuntimeError as exc:
+        raise TinyInferError(f"unknown device {device!r}: use 'cpu' or 'cuda'") from exc
+    if chosen.type not in ("cpu", "cuda"):
+        raise TinyInferError(f"device {device!r} is not supported: use 'cpu' or 'cuda'")
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise TinyInferError("CUDA is not available on this machine: use device='cpu'")
+    return chosen
+
+
+def pick_dtype(dtype: str | None, on_cuda: bool) -> torch.dtype:
+    """The requested compute dtype; bf16 on CUDA and float32 on CPU by default."""
+    if dtype is None:
+        return torch.bfloat16 if on_cuda else torch.float32
+    if dtype not in DTYPES:
+        raise TinyInferError(f"the torch runner computes in one of {tuple(DTYPES)}, not {dtype!r}")
+    return DTYPES[dtype]
+
+
+def random_weights(config: ModelConfig, device: str | None = None, dtype: str | None = None,
+                   seed: int = 0, std: float = 0.02) -> dict[str, Tensor]:
+    """Random weights with the reference's names, made directly on the device (for benchmarks).
+
+    A real shape can be measured without its checkpoint: normal(0, std) matrices and biases,
+    unit norm scales, created where they will be used rather than in host memory.
+    """
+    c = config
+    dev = pick_device(device)
+    kind = pick_dtype(dtype, dev.type == "cuda")
+    gen = torch.Generator(device=dev).manual_seed(seed)
+
+    def normal(*shape: int) -> Tensor:
+        return torch.randn(shape, generator=gen, device=dev, dtype=kind) * std
+
+    def ones(n: int) -> Tensor:
+        return torch.ones(n, device=dev, dtype=kind)
+
+    d, f, hd = c.hidden_size, c.intermediate_size, c.head_dim
+    q_out, kv_out = c.num_heads * hd, c.num_kv_heads * hd
+    w: dict[str, Tensor] = {"embed": normal(c.vocab_size, d), "final_norm.weight": ones(d)}
+    if c.family == "gpt2":
+        w["pos_embed"] = normal(c.max_position_embeddings, d)
+        w["final_norm.bias"] = normal(d)
+    if not c.tie_word_embeddings:
+        w["lm_head"] = normal(c.vocab_size, d)
+    shapes: dict[str, tuple[int, int]] = {"q": (q_out, d), "k": (kv_out, d), "v": (kv_out, d),
+                                          "o": (d, q_out)}
+    shapes.update({"gate": (f, d), "up": (f, d), "down": (d, f)} if c.family == "llama"
+                  else {"fc": (f, d), "proj": (d, f)})
+    with_bias = {"q": c.qkv_bias, "k": c.qkv_bias, "v": c.qkv_bias, "o": c.o_bias,
+                 "gate": c.mlp_bias, "up": c.mlp_bias, "down": c.mlp_bias, "fc": True, "proj": True}
+    for i in range(c.num_layers):
+        p = f"layers.{i}."
+        for norm_name in ("attn_norm", "mlp_norm"):
+            w[f"{p}{norm_name}.weight"] = ones(d)
+            if c.family == "gpt2":
+                w[f"{p}{norm_name}.bias"] = normal(d)
+        for name, shape in shapes.items():
+            w[f"{p}{name}.weight"] = normal(*shape)
+            if with_bias[name]:
+                w[f"{p}{name}.bias"] = normal(shape[0])
+    return w

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 
 import pytest
 
@@ -319,14 +320,13 @@ def test_cli_context_must_leave_a_prompt():
 # ---------------------------------------------------------------- calibration
 
 
-def test_fit_line_with_its_constraints():
-    from tinyinfer.simulate_calibrate import fit_line
+def test_nnls_is_least_squares_with_non_negative_unknowns():
+    from tinyinfer.simulate_calibrate import nnls
 
-    assert fit_line([1, 2, 3], [5, 8, 11]) == pytest.approx((2, 3))
-    a, b = fit_line([1, 2, 3], [1, 3, 5])  # unconstrained intercept would be -1
-    assert a == 0 and b == pytest.approx(22 / 14)
-    a, b = fit_line([1, 2], [10, 9])  # a falling line: slope held at its minimum
-    assert b == pytest.approx(0.8) and a == pytest.approx(9.5 - 0.8 * 1.5)
+    rows = [[1, 1], [1, 2], [1, 3]]
+    assert nnls(rows, [5, 8, 11]) == pytest.approx([2, 3])  # y = 2 + 3x exactly
+    assert nnls(rows, [1, 3, 5]) == pytest.approx([0, 22 / 14])  # intercept -1 is not allowed
+    assert nnls(rows, [10, 9, 8]) == pytest.approx([9, 0])  # a falling line: the mean, flat
 
 
 @pytest.fixture(scope="module")
@@ -337,6 +337,7 @@ def cpu_measurements():
 
     try:
         import tinyinfer.model.torch_fast  # noqa: F401
+        import tinyinfer.model.torch_weights  # noqa: F401
     except ImportError as exc:
         pytest.skip(f"the torch runner is not importable here: {exc}")
     tiny = cal.model_from_hf("tiny", {
@@ -345,8 +346,8 @@ def cpu_measurements():
         "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256})
     micro = cal.measure_device("cpu", "fp32", nbytes=4 << 20, n=128)
     cases = [cal.CalibrationCase(tiny, 1, 16, 4), cal.CalibrationCase(tiny, 4, 48, 4),
-             cal.CalibrationCase(tiny, 2, 96, 4, fit=False)]
-    return cal, micro, [cal.measure_engine(c, "cpu", "fp32") for c in cases]
+             cal.CalibrationCase(tiny, 8, 16, 4), cal.CalibrationCase(tiny, 2, 96, 4, fit=False)]
+    return cal, micro, cal.measure_engine(cases, "cpu", "fp32")
 
 
 def test_calibration_on_real_cpu_measurements(cpu_measurements):
@@ -355,18 +356,20 @@ def test_calibration_on_real_cpu_measurements(cpu_measurements):
     assert all(t.ttft > 0 and t.tpot > 0 for t in timings)
     hardware = cal.hardware_for(micro)
     assert hardware.memory_bandwidth == micro.copy_bandwidth
-    fitted = cal.fit_efficiency(hardware, micro, timings)
-    assert fitted.step_overhead >= 0 and 0 < fitted.bandwidth <= 1.5 and 0 < fitted.compute <= 1.5
     base = cal.fit_efficiency(hardware, micro, [])
     assert base == Efficiency(compute=1.0, bandwidth=1.0)  # peaks are the measured rates
+    fitted = cal.fit_efficiency(hardware, micro, timings)
+    overheads = (fitted.step_overhead, fitted.prefill_seq_overhead, fitted.sample_cost)
+    assert min(overheads) >= 0 and 0 < fitted.bandwidth <= 1.5 and 0 < fitted.compute <= 1.5
 
-    def tpot_error(efficiency: Efficiency) -> float:
+    def median_error(efficiency: Efficiency) -> float:
         rows = cal.compare(hardware, "fp32", efficiency, [t for t in timings if t.case.fit])
-        return sum((c.predicted - c.measured) ** 2 for c in rows if c.metric == "TPOT")
+        return statistics.median(abs(c.error) for c in rows)
 
-    assert tpot_error(fitted) <= tpot_error(base) * (1 + 1e-9)  # least squares beats the start
+    # The roofline alone misses the engine's per-step costs; the fit accounts for them.
+    assert median_error(fitted) < median_error(base)
     rows = cal.compare(hardware, "fp32", fitted, timings)
-    assert [c.metric for c in rows] == ["TTFT", "TPOT"] * 3
+    assert [c.metric for c in rows] == ["TTFT", "TPOT"] * 4
     assert [c.fitted for c in rows[-2:]] == [False, False]
     report = cal.calibration_report(cal.Calibration(micro, hardware, fitted, rows))
     assert "--bandwidth-efficiency" in report and "held out" in report

@@ -46,7 +46,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help=f"share of peak FLOP/s reached (default: {Efficiency.compute})")
     p.add_argument("--bandwidth-efficiency", type=float, default=Efficiency.bandwidth,
                    help=f"share of peak bandwidth reached (default: {Efficiency.bandwidth})")
-    p.add_argument("--step-overhead-ms", type=float, default=0.0, help="fixed cost per forward pass")
+    p.add_argument("--step-overhead-ms", type=float, default=0.0, help="fixed host cost per step (0)")
+    p.add_argument("--prefill-seq-overhead-ms", type=float, default=0.0,
+                   help="host cost per prompt in a prefill step (0)")
+    p.add_argument("--sample-ns", type=float, default=0.0,
+                   help="host sampling cost per vocabulary entry per sequence, in ns (0: sampled on the GPU)")
     p.add_argument("--group-size", type=int, default=128, help="int4 weights per scale (default: 128)")
     p.add_argument("--explain", action="append", default=[], metavar="NAME",
                    help="show how a number was derived, e.g. tpot or kv_per_sequence ('all': every row)")
@@ -100,7 +104,8 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         if prompt < 1:
             raise SimulationError(f"--context {args.context} leaves no prompt after --output "
                                   f"{args.output}: raise the context or lower the output")
-    efficiency = Efficiency(args.compute_efficiency, args.bandwidth_efficiency, args.step_overhead_ms / 1e3)
+    efficiency = Efficiency(args.compute_efficiency, args.bandwidth_efficiency, args.step_overhead_ms / 1e3,
+                            args.prefill_seq_overhead_ms / 1e3, args.sample_ns / 1e9)
     return Scenario.of(args.model, args.hardware, weight_precision=args.weights, kv_precision=args.kv,
                        batch=args.batch, prompt_tokens=prompt, output_tokens=args.output,
                        num_gpus=args.gpus, spec_k=args.spec_k, spec_acceptance=args.acceptance,

@@ -105,8 +105,9 @@ class Scenario:
         if not 0 < self.utilization <= 1 or not 0 < self.memory_utilization <= 1:
             raise SimulationError("utilization and memory utilization must be within (0, 1]")
         e = self.efficiency
-        if not (0 < e.compute <= 1.5 and 0 < e.bandwidth <= 1.5 and e.step_overhead >= 0):
-            raise SimulationError("efficiencies must be positive (about 0.3-1.0) and the overhead >= 0")
+        overheads = (e.step_overhead, e.prefill_seq_overhead, e.sample_cost)
+        if not (0 < e.compute <= 1.5 and 0 < e.bandwidth <= 1.5 and min(overheads) >= 0):
+            raise SimulationError("efficiencies must be positive (about 0.3-1.0) and overheads >= 0")
         if self.num_gpus > self.hardware.max_devices:
             raise SimulationError(f"{self.hardware.title} shards over at most "
                                   f"{self.hardware.max_devices} device(s); lower the GPU count")

@@ -16,6 +16,7 @@ Unlike the simulator, this module runs things: it imports torch and the engine l
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import time
 from dataclasses import dataclass
@@ -150,7 +151,7 @@ def hardware_for(micro: Microbenchmarks) -> Hardware:
     if micro.device.startswith("cuda"):
         name = torch.cuda.get_device_name(micro.device)
         for marker, preset in DEVICE_PRESETS.items():
-            if marker in name:
+            if re.search(rf"\b{marker}\b", name):
                 return HARDWARE[preset]
         memory = torch.cuda.get_device_properties(micro.device).total_memory
     else:
@@ -161,20 +162,32 @@ def hardware_for(micro: Microbenchmarks) -> Hardware:
                     HARDWARE["laptop-cpu"].price_per_hour, source="measured by calibration")
 
 
-def measure_engine(case: CalibrationCase, device: str, precision: str, seed: int = 0) -> EngineTiming:
-    """Run a case through the real engine (torch runner, random weights) after a warm-up run."""
-    from tinyinfer.model.torch_fast import TorchRunner, random_weights
+def measure_engine(cases: Sequence[CalibrationCase], device: str, precision: str, seed: int = 0,
+                   progress: Callable[[str], None] | None = None) -> list[EngineTiming]:
+    """Run cases through the real engine (torch runner, random weights of each case's shape),
+    each once to warm up (compile, CUDA graphs) and once measured."""
+    from tinyinfer.model.torch_fast import TorchRunner
+    from tinyinfer.model.torch_weights import random_weights
 
-    config = case.model.config
-    if case.model.is_moe:
-        raise SimulationError("the engine runs dense models only: calibrate with a dense preset")
-    if case.prompt_tokens + case.output_tokens > config.max_model_len:
-        raise SimulationError(f"{case.model.title} holds {config.max_model_len} tokens: "
-                              "shorten the calibration prompt or output")
     dtype = TORCH_DTYPES[precision]
-    runner = TorchRunner(config, random_weights(config, device, dtype, seed), device=device, dtype=dtype)
-    _run_case(case, runner, seed)  # compiles, captures graphs, warms caches
-    return _run_case(case, runner, seed + 1)
+    runner, shape, timings = None, None, []
+    for case in cases:
+        config = case.model.config
+        if case.model.is_moe:
+            raise SimulationError("the engine runs dense models only: calibrate with a dense preset")
+        if case.prompt_tokens + case.output_tokens > config.max_model_len:
+            raise SimulationError(f"{case.model.title} holds {config.max_model_len} tokens: "
+                                  "shorten the calibration prompt or output")
+        if progress:
+            progress(f"engine: {case.model.title}, batch {case.batch}, prompt {case.prompt_tokens}, "
+                     f"output {case.output_tokens}")
+        if shape != config:
+            runner = None  # free the last model's weights before making the next one's
+            runner = TorchRunner(config, random_weights(config, device, dtype, seed), device=device, dtype=dtype)
+            shape = config
+        _run_case(case, runner, seed)
+        timings.append(_run_case(case, runner, seed + 1))
+    return timings
 
 
 def _run_case(case: CalibrationCase, runner: object, seed: int) -> EngineTiming:
@@ -215,40 +228,46 @@ def _prefill_time(sim: Simulation) -> Quantity:
 
 
 def _roofline(step: Quantity) -> float:
-    """A step's time without overhead or communication: linear time + attention time."""
+    """A step's time on the roofline alone: linear time + attention time."""
     return step.inputs["linear_time"].value + step.inputs["attention_time"].value  # type: ignore[union-attr]
 
 
-def fit_line(x: Sequence[float], y: Sequence[float], min_slope: float = MIN_SLOWDOWN) -> tuple[float, float]:
-    """Least-squares y ≈ a + b·x subject to a ≥ 0 and b ≥ min_slope; returns (a, b).
+def nnls(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:
+    """Least squares A·x ≈ y with every x ≥ 0, exactly, for the few unknowns calibration has.
 
-    The optimum lies inside the box or on one of its faces, so the best feasible candidate
-    among the unconstrained solution and the face solutions is the constrained optimum.
+    The optimum is the unconstrained least-squares solution on some subset of the unknowns
+    (the rest held at 0): try every subset, keep the best one that is non-negative.
     """
-    if len(x) != len(y) or not x:
-        raise ValueError("fit_line needs as many y as x, at least one")
-    mx, my = statistics.fmean(x), statistics.fmean(y)
-    var = sum((xi - mx) ** 2 for xi in x)
-    candidates = [(0.0, max(min_slope, sum(a * b for a, b in zip(x, y)) / sum(a * a for a in x))),
-                  (max(0.0, my - min_slope * mx), min_slope)]
-    if var > 0:
-        b = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / var
-        candidates.append((my - b * mx, b))
+    import itertools
 
-    def sse(ab: tuple[float, float]) -> float:
-        return sum((yi - ab[0] - ab[1] * xi) ** 2 for xi, yi in zip(x, y))
+    import numpy as np
 
-    feasible = [c for c in candidates if c[0] >= 0 and c[1] >= min_slope]
-    return min(feasible, key=sse)
+    a, target = np.asarray(rows, dtype=float), np.asarray(y, dtype=float)
+    n = a.shape[1]
+    best, best_sse = np.zeros(n), float(target @ target)
+    for size in range(1, n + 1):
+        for subset in itertools.combinations(range(n), size):
+            x_sub = np.linalg.lstsq(a[:, subset], target, rcond=None)[0]
+            if (x_sub < 0).any():
+                continue
+            x = np.zeros(n)
+            x[list(subset)] = x_sub
+            sse = float(((a @ x - target) ** 2).sum())
+            if sse < best_sse - 1e-15 * max(1.0, best_sse):
+                best, best_sse = x, sse
+    return best.tolist()
 
 
 def fit_efficiency(hardware: Hardware, micro: Microbenchmarks,
                    timings: Sequence[EngineTiming]) -> Efficiency:
-    """Efficiencies that make the simulator reproduce the measured engine runs.
+    """Efficiencies and overheads that make the simulator reproduce the measured engine runs.
 
-    Start from the microbenchmarks (matmul ÷ peak, copy ÷ peak bandwidth). Decode steps fit
-    TPOT = overhead + slowdown × roofline; prefills fit TTFT − overhead = slowdown × roofline.
-    Each efficiency is the microbenchmark's divided by its slowdown.
+    Start from the microbenchmarks (matmul ÷ peak, copy ÷ peak bandwidth), then fit by
+    non-negative least squares over the runs used for fitting:
+      TPOT = step_overhead + sample_cost × batch × vocab + slowdown × decode roofline
+      TTFT = the same overheads + prefill_seq_overhead × prompts + slowdown' × prefill roofline
+    where a roofline is the simulator's linear + attention time at the microbenchmark rates and
+    each slowdown is at least MIN_SLOWDOWN; an efficiency is its microbenchmark share ÷ slowdown.
     """
     peak = hardware.peak(micro.precision)
     base = Efficiency(compute=min(1.5, micro.matmul_flops / peak),
@@ -257,13 +276,17 @@ def fit_efficiency(hardware: Hardware, micro: Microbenchmarks,
     if not fitted:
         return base
     sims = [simulate(_scenario(t.case, hardware, micro.precision, base)) for t in fitted]
-    overhead, decode_slowdown = fit_line([_roofline(s.tpot) for s in sims], [t.tpot for t in fitted])
+    logits = [t.case.batch * t.case.model.config.vocab_size for t in fitted]
+    decode = [_roofline(s.tpot) for s in sims]
+    step, sample_cost, extra = nnls([[1, n, r] for n, r in zip(logits, decode)],
+                                    [t.tpot - MIN_SLOWDOWN * r for t, r in zip(fitted, decode)])
     prefill = [_roofline(_prefill_time(s)) for s in sims]
-    excess = [t.ttft - overhead for t in fitted]
-    compute_slowdown = max(MIN_SLOWDOWN, sum(r * e for r, e in zip(prefill, excess)) /
-                           sum(r * r for r in prefill))
-    return Efficiency(compute=min(1.5, base.compute / compute_slowdown),
-                      bandwidth=min(1.5, base.bandwidth / decode_slowdown), step_overhead=overhead)
+    per_prompt, extra_c = nnls([[t.case.batch, r] for t, r in zip(fitted, prefill)],
+                               [t.ttft - step - sample_cost * n - MIN_SLOWDOWN * r
+                                for t, n, r in zip(fitted, logits, prefill)])
+    return Efficiency(compute=min(1.5, base.compute / (MIN_SLOWDOWN + extra_c)),
+                      bandwidth=min(1.5, base.bandwidth / (MIN_SLOWDOWN + extra)),
+                      step_overhead=step, prefill_seq_overhead=per_prompt, sample_cost=sample_cost)
 
 
 def compare(hardware: Hardware, precision: str, efficiency: Efficiency,
@@ -280,15 +303,17 @@ def compare(hardware: Hardware, precision: str, efficiency: Efficiency,
 
 
 def default_cases(device: str) -> list[CalibrationCase]:
-    """Real 7B/8B shapes on a GPU, the tiny Llama on a CPU; some runs held out of the fit."""
+    """Real 7B/8B shapes on a GPU (MHA, GQA, two vocabularies), the tiny Llama on a CPU; a few
+    runs held out of the fit to show how well it predicts what it has not seen."""
     if device.startswith("cuda"):
-        shapes = [model_preset("llama-2-7b"), model_preset("llama-3-8b"), model_preset("qwen2.5-7b")]
-        return [CalibrationCase(shapes[0], 1, 512, 64), CalibrationCase(shapes[0], 16, 512, 64),
-                CalibrationCase(shapes[1], 4, 1024, 64), CalibrationCase(shapes[1], 32, 256, 64),
-                CalibrationCase(shapes[2], 8, 2048, 64, fit=False),
-                CalibrationCase(shapes[0], 64, 128, 64, fit=False)]
+        l2, l3, qwen = (model_preset(n) for n in ("llama-2-7b", "llama-3-8b", "qwen2.5-7b"))
+        fit = [(l2, 1, 512), (l2, 16, 512), (l2, 64, 128), (l3, 1, 2048), (l3, 4, 1024), (l3, 32, 256),
+               (qwen, 2, 512), (qwen, 16, 256)]
+        held_out = [(l2, 8, 1024), (l3, 16, 512), (qwen, 8, 2048)]
+        return [CalibrationCase(m, b, p, 32) for m, b, p in fit] + \
+            [CalibrationCase(m, b, p, 32, fit=False) for m, b, p in held_out]
     return [CalibrationCase(TINY_LLAMA, 1, 64, 8), CalibrationCase(TINY_LLAMA, 8, 64, 8),
-            CalibrationCase(TINY_LLAMA, 4, 256, 8, fit=False)]
+            CalibrationCase(TINY_LLAMA, 4, 128, 8), CalibrationCase(TINY_LLAMA, 2, 256, 8, fit=False)]
 
 
 def calibrate(device: str | None = None, cases: Sequence[CalibrationCase] | None = None,
@@ -304,11 +329,8 @@ def calibrate(device: str | None = None, cases: Sequence[CalibrationCase] | None
     micro = measure_device(device, precision, nbytes=(1 << 30) if on_gpu else (64 << 20),
                            n=8192 if on_gpu else 512)
     hardware = hardware_for(micro)
-    timings = []
-    for case in cases if cases is not None else default_cases(device):
-        say(f"engine: {case.model.title}, batch {case.batch}, prompt {case.prompt_tokens}, "
-            f"output {case.output_tokens}")
-        timings.append(measure_engine(case, device, precision))
+    timings = measure_engine(cases if cases is not None else default_cases(device), device, precision,
+                             progress=say)
     efficiency = fit_efficiency(hardware, micro, timings)
     return Calibration(micro, hardware, efficiency, compare(hardware, precision, efficiency, timings))
 
@@ -324,9 +346,12 @@ def calibration_report(cal: Calibration) -> str:
         f"matmul       {format_value(m.matmul_flops, 'FLOP/s')} = "
         f"{100 * m.matmul_flops / peak:.0f}% of {format_value(peak, 'FLOP/s')}",
         f"fitted       compute {e.compute:.3f}, bandwidth {e.bandwidth:.3f}, "
-        f"step overhead {format_value(e.step_overhead, 's')}",
+        f"step overhead {format_value(e.step_overhead, 's')}, per prompt in a prefill "
+        f"{format_value(e.prefill_seq_overhead, 's')}, host sampling {1e9 * e.sample_cost:.1f} ns "
+        "per vocabulary entry",
         f"simulate with: --compute-efficiency {e.compute:.3f} --bandwidth-efficiency {e.bandwidth:.3f} "
-        f"--step-overhead-ms {1e3 * e.step_overhead:.3f}",
+        f"--step-overhead-ms {1e3 * e.step_overhead:.3f} --prefill-seq-overhead-ms "
+        f"{1e3 * e.prefill_seq_overhead:.3f} --sample-ns {1e9 * e.sample_cost:.2f}",
         "",
         f"{'run':<34}{'metric':<8}{'predicted':>12}{'measured':>12}{'error':>9}  fit",
     ]

@@ -22,7 +22,9 @@ class Efficiency:
 
     compute: float = 0.6  # share of peak FLOP/s that large matmuls reach (MFU)
     bandwidth: float = 0.8  # share of peak bandwidth that streaming weight reads reach
-    step_overhead: float = 0.0  # seconds per forward pass outside the roofline (launches, Python)
+    step_overhead: float = 0.0  # seconds per step outside the roofline (launches, Python)
+    prefill_seq_overhead: float = 0.0  # seconds per prompt in a prefill step (per-sequence work)
+    sample_cost: float = 0.0  # seconds per vocabulary entry of each sampled row (host sampling)
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class Rates:
 
     flops: Quantity
     bandwidth: Quantity
-    overhead: Quantity
+    efficiency: Efficiency
     gpus: Quantity
     link_bandwidth: Quantity
     link_latency: Quantity
@@ -48,16 +50,18 @@ def rates(hw: Hardware, e: Efficiency, num_gpus: int, compute_precision: str) ->
     bandwidth = derive("effective_bandwidth", "B/s", "bandwidth * gpus * bandwidth_efficiency",
                        bandwidth=given("bandwidth", hw.memory_bandwidth, "B/s", note=hw.title),
                        gpus=gpus, bandwidth_efficiency=given("bandwidth_efficiency", e.bandwidth, "%"))
-    return Rates(flops, bandwidth, given("step_overhead", e.step_overhead, "s"), gpus,
-                  given("link_bandwidth", hw.link_bandwidth, "B/s", note="one way, per device"),
-                  given("link_latency", hw.link_latency, "s", note="per all-reduce"),
-                  given("activation_bytes", 4 if compute_precision == "fp32" else 2, "B"))
+    return Rates(flops, bandwidth, e, gpus,
+                 given("link_bandwidth", hw.link_bandwidth, "B/s", note="one way, per device"),
+                 given("link_latency", hw.link_latency, "s", note="per all-reduce"),
+                 given("activation_bytes", 4 if compute_precision == "fp32" else 2, "B"))
 
 
 @dataclass(frozen=True)
 class Work:
     """What one forward pass does, in the two parts that have their own roofline."""
 
+    kind: str  # "prefill" or "decode" (verification passes decode too)
+    sequences: Quantity  # sequences in the pass; each samples one row of logits
     tokens: Quantity  # tokens computed in the pass (rows of every matmul)
     matmul_flops: Quantity  # linear layers: weights × tokens
     weights_read: Quantity
@@ -87,12 +91,26 @@ def pass_time(label: str, w: Work, config: ModelConfig, r: Rates) -> tuple[Quant
                       link_bandwidth=r.link_bandwidth)
     else:
         comm = given(f"{label}_comm_time", 0, "s", note="one device: no communication")
-    time = derive(f"{label}_time", "s", "linear_time + attention_time + comm_time + step_overhead",
+    time = derive(f"{label}_time", "s", "linear_time + attention_time + comm_time + host_time",
                   linear_time=parts["linear"], attention_time=parts["attention"], comm_time=comm,
-                  step_overhead=r.overhead)
+                  host_time=_host_time(label, w, config, r.efficiency))
     linear = parts["linear"].inputs
     memory, compute = linear["memory_time"].value, linear["compute_time"].value  # type: ignore[union-attr]
     return time, "memory" if memory >= compute else "compute"
+
+
+def _host_time(label: str, w: Work, config: ModelConfig, e: Efficiency) -> Quantity:
+    """Time outside the GPU math: a fixed cost per step, per prompt of a prefill, and sampling
+    every sequence's next token on the host (a pass over its vocabulary)."""
+    seq_overhead = e.prefill_seq_overhead if w.kind == "prefill" else 0.0
+    if not (e.step_overhead or seq_overhead or e.sample_cost):
+        return given(f"{label}_host_time", 0, "s", note="an ideal engine: no host overhead")
+    return derive(f"{label}_host_time", "s",
+                  "step_overhead + sequences * seq_overhead + sequences * vocab * sample_cost",
+                  note="fitted by calibration", step_overhead=given("step_overhead", e.step_overhead, "s"),
+                  sequences=w.sequences, seq_overhead=given("prefill_seq_overhead", seq_overhead, "s"),
+                  vocab=config.vocab_size, sample_cost=given("sample_cost", e.sample_cost, "s",
+                                                             note="per vocabulary entry"))
 
 
 def weights_read(p: ParameterCounts, tokens: Quantity, wbytes: Quantity, kept: Quantity) -> Quantity:
@@ -126,11 +144,13 @@ def _attention_dims(c: ModelConfig) -> dict[str, int]:
 
 
 def prefill_work(p: ParameterCounts, c: ModelConfig, matmul: Quantity, sequences: Quantity,
-                  prompt: Quantity, kv_token: Quantity, sizes: tuple[Quantity, Quantity]) -> Work:
+                 prompt: Quantity, kv_token: Quantity, sizes: tuple[Quantity, Quantity]) -> Work:
     """Prefill of `sequences` prompts at once: every prompt token through every matmul,
     causal attention over each prompt, and each token's K/V written once."""
     tokens = derive("prefill_tokens", "tokens", "sequences * prompt", sequences=sequences, prompt=prompt)
     return Work(
+        kind="prefill",
+        sequences=sequences,
         tokens=tokens,
         matmul_flops=derive("matmul_flops", "FLOP", "2 * matmul_params * tokens", matmul_params=matmul,
                             tokens=tokens),
@@ -144,11 +164,13 @@ def prefill_work(p: ParameterCounts, c: ModelConfig, matmul: Quantity, sequences
 
 
 def decode_work(p: ParameterCounts, c: ModelConfig, matmul: Quantity, tokens: Quantity,
-                 batch: Quantity, context: Quantity, kv_token: Quantity,
-                 sizes: tuple[Quantity, Quantity]) -> Work:
+                batch: Quantity, context: Quantity, kv_token: Quantity,
+                sizes: tuple[Quantity, Quantity]) -> Work:
     """A decode (or verify) pass: `tokens` new tokens of `batch` sequences, each sequence's
     whole KV cache read once."""
     return Work(
+        kind="decode",
+        sequences=batch,
         tokens=tokens,
         matmul_flops=derive("matmul_flops", "FLOP", "2 * matmul_params * tokens", matmul_params=matmul,
                             tokens=tokens),

@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Test models are tiny: one thread avoids torch's thread-pool overhead, which dominates their
+# step time and explodes when the 2 cores are shared with other processes.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 # Each entry: (transformers class name, config class name, config kwargs). Sizes are tiny so

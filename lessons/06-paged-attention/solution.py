@@ -1,0 +1,58 @@
+"""Lesson 06 solution (for teachers): a KV page allocator and the two waste formulas."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from tinyinfer.errors import OutOfPagesError
+
+
+class PageAllocator:
+    """Hands out fixed-size KV pages; a sequence's block table lists its pages in token order."""
+
+    def __init__(self, num_pages: int, block_size: int) -> None:
+        """A pool of num_pages pages of block_size token slots each, all free."""
+        self.block_size = block_size
+        self.free_pages: deque[int] = deque(range(num_pages))
+        self.tables: dict[int, list[int]] = {}
+
+    def allocate(self, seq_id: int, num_tokens: int) -> list[int]:
+        """Grow seq_id's block table to cover num_tokens tokens; all or nothing."""
+        table = self.tables.setdefault(seq_id, [])
+        needed = max(0, -(-num_tokens // self.block_size) - len(table))
+        if needed > len(self.free_pages):
+            if not table:
+                del self.tables[seq_id]
+            raise OutOfPagesError(f"sequence {seq_id} needs {needed} pages, {len(self.free_pages)} are free")
+        new = [self.free_pages.popleft() for _ in range(needed)]
+        table.extend(new)
+        return new
+
+    def free(self, seq_id: int) -> None:
+        """Give all of seq_id's pages back to the pool and forget the sequence."""
+        self.free_pages.extend(self.tables.pop(seq_id))
+
+    def block_table(self, seq_id: int) -> list[int]:
+        """seq_id's pages, in token order."""
+        return list(self.tables[seq_id])
+
+    def slot(self, seq_id: int, position: int) -> int:
+        """Flat KV slot of a token: page_id * block_size + offset."""
+        page, offset = divmod(position, self.block_size)
+        return self.tables[seq_id][page] * self.block_size + offset
+
+    @property
+    def num_free(self) -> int:
+        """Pages no sequence holds."""
+        return len(self.free_pages)
+
+
+def paged_waste(lengths: list[int], block_size: int) -> float:
+    """Share of allocated slots that hold no token when each sequence holds just enough pages."""
+    allocated = sum(-(-n // block_size) * block_size for n in lengths)
+    return 1 - sum(lengths) / allocated
+
+
+def contiguous_waste(lengths: list[int], max_len: int) -> float:
+    """Share of reserved slots that hold no token when each sequence reserves max_len slots."""
+    return 1 - sum(lengths) / (max_len * len(lengths))

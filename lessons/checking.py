@@ -51,6 +51,7 @@ class Outcome:
     case: Case
     status: str
     lines: tuple[str, ...] = ()
+    timed_out: bool = False
 
 
 @dataclass
@@ -67,18 +68,23 @@ class Checklist:
         return register
 
     def run(self, module: ModuleType) -> list[Outcome]:
-        """Run every case against ``module``; a function found unwritten skips its other cases."""
+        """Run every case against ``module``; a function found unwritten or stuck skips its other cases."""
         outcomes: list[Outcome] = []
         unwritten: set[str] = set()
+        stuck: set[str] = set()
         source = getattr(module, "__file__", None) or ""
         for case in self.cases:
             if case.function in unwritten:
                 outcomes.append(Outcome(case, "todo"))
-                continue
-            outcome = run_case(case, module, source)
-            if outcome.status == "todo":
-                unwritten.add(case.function)
-            outcomes.append(outcome)
+            elif case.function in stuck:
+                outcomes.append(Outcome(case, "error", (f"not run: {case.function} did not finish above",)))
+            else:
+                outcome = run_case(case, module, source)
+                if outcome.status == "todo":
+                    unwritten.add(case.function)
+                if outcome.timed_out:
+                    stuck.add(case.function)
+                outcomes.append(outcome)
         return outcomes
 
 
@@ -102,7 +108,7 @@ def run_case(case: Case, module: ModuleType, source: str) -> Outcome:
     except CaseTimeout:
         return Outcome(case, "error", (
             f"{case.function} ran for more than {CASE_TIME_LIMIT} s: is there a loop that never ends?",
-            f"hint: {case.hint}"))
+            f"hint: {case.hint}"), timed_out=True)
     except Exception as exc:  # the student's code raised: say what and where, nothing more
         return Outcome(case, "error", (
             f"{case.function} raised {type(exc).__name__}: {exc}",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lessons import course
+from lessons import checking, course
 from lessons.support import CLAIMS
 from tinyinfer import cli_lesson
 from tinyinfer.loading import BUNDLED
@@ -93,6 +93,15 @@ def test_an_exception_in_student_code_names_its_line(tmp_path):
     text = course.check(course.find("06"), path).render()
     assert "raised AttributeError" in text
     assert re.search(r"at line \d+ of your exercise, in num_free: return len\(self.free_pages\) \+ self.missing", text)
+    assert "Traceback" not in text
+
+
+def test_an_endless_loop_is_stopped_and_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(checking, "CASE_TIME_LIMIT", 1)
+    path = wrong_copy(tmp_path, "07", "    while waiting or running:", "    while True:")
+    text = course.check(course.find("07"), path).render()
+    assert "simulate_batching ran for more than 1 s: is there a loop that never ends?" in text
+    assert "not run: simulate_batching did not finish above" in text
     assert "Traceback" not in text
 
 

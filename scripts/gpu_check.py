@@ -231,15 +231,14 @@ def check_decode_kernel(device: torch.device) -> dict[str, Any]:
     out = {}
     gen = torch.Generator(device=device).manual_seed(7)
     for heads, kv_heads, hd, batch in ((32, 8, 64, 1), (32, 8, 128, 5), (12, 12, 64, 3)):
-        pages, length = 512, 3000
+        pages, length = 512, 1600
         k_cache, v_cache = torch.randn((2, pages, BLOCK, kv_heads, hd), generator=gen,
                                        device=device, dtype=torch.bfloat16).unbind(0)
         qkv = torch.randn((batch, (heads + 2 * kv_heads) * hd), generator=gen, device=device,
                           dtype=torch.bfloat16)
         positions = torch.randint(0, length, (batch,), generator=gen, device=device)
         positions[0] = length - 1
-        tables = torch.stack([torch.randperm(pages, generator=gen, device=device)[:200]
-                              for _ in range(batch)])
+        tables = torch.randperm(pages, generator=gen, device=device)[:batch * 100].view(batch, 100)
         slots = tables[torch.arange(batch, device=device), positions // BLOCK] * BLOCK + positions % BLOCK
         angles = torch.arange(4096, device=device, dtype=torch.float64)[:, None] * \
             torch.rand(hd // 2, generator=gen, device=device, dtype=torch.float64)
@@ -299,6 +298,7 @@ def bench_decode(name: str, raw: dict[str, Any], bandwidth: float, device: torch
     log(f"bench {name}: building random bf16 weights on {device}")
     runner = TorchRunner(config, random_weights(config, device=str(device), dtype="bfloat16"),
                          device=str(device), dtype="bfloat16", compile=True)
+    described = runner.describe()
     weight_bytes = runner.w.streamed_bytes()
     kv_token_bytes = config.kv_bytes_per_token(2)
     total = prompt_len + decode_steps + 32
@@ -311,20 +311,18 @@ def bench_decode(name: str, raw: dict[str, Any], bandwidth: float, device: torch
     prefill_ms = (time.perf_counter() - t0) * 1e3
     position = prompt_len
 
-    def decode_once() -> None:
+    def decode_once() -> float:
+        """One greedy decode step; returns the milliseconds spent in runner.forward alone."""
         nonlocal logits, position
-        token = int(logits[-1].argmax())
-        logits = runner.forward(make_batch([([token], position, table, False)], BLOCK), kv)
+        batch = make_batch([([int(logits[-1].argmax())], position, table, False)], BLOCK)
+        t0 = time.perf_counter()
+        logits = runner.forward(batch, kv)
         position += 1
+        return (time.perf_counter() - t0) * 1e3
 
     for _ in range(3):  # compile + capture happen here
         decode_once()
-    wall = []
-    for _ in range(decode_steps):
-        t0 = time.perf_counter()
-        decode_once()
-        wall.append((time.perf_counter() - t0) * 1e3)
-    forward_ms = statistics.median(wall)
+    forward_ms = statistics.median(decode_once() for _ in range(decode_steps))
     context = position - decode_steps // 2  # median context over the timed steps
 
     graph, _ = kv.graphs.graphs[1] if kv.graphs is not None else (None, None)
@@ -344,9 +342,13 @@ def bench_decode(name: str, raw: dict[str, Any], bandwidth: float, device: torch
                 "bytes_read_per_step": bytes_read, "roofline_ms": floor_ms,
                 "roofline_tokens_per_s": 1e3 / floor_ms, "percent_of_roofline": 100 * floor_ms / ms}
 
+    micro = {}
+    if device.type == "cuda":
+        micro = {"matrix_products": matrix_product_microbench(runner, device),
+                 "decode_attention": attention_microbench(config, device, (context, 4096))}
     gemm_us = profile.get("matrix products (cuBLAS)", 0.0)
     result = {
-        "config": raw, "runner": runner.describe(), "weight_bytes": weight_bytes,
+        "config": raw, "runner": described, "weight_bytes": weight_bytes,
         "kv_bytes_per_token": kv_token_bytes, "prompt_len": prompt_len,
         "prefill_ms_incl_first_use": prefill_ms,
         "graph_replay": roofline(replay_ms, replay_context),
@@ -355,8 +357,75 @@ def bench_decode(name: str, raw: dict[str, Any], bandwidth: float, device: torch
         "kernel_us_per_step": profile,
         "kernel_us_total": sum(profile.values()),
         "matrix_product_bandwidth_GBps": weight_bytes / (gemm_us * 1e-6) / 1e9 if gemm_us else None,
+        "microbench": micro,
     }
     return result
+
+
+def graph_us_per_call(call: Callable[[int], Any], calls: int, device: torch.device) -> float:
+    """Device µs per call(i), i = 0..calls-1, replayed from one CUDA graph (launch gaps included)."""
+    for i in range(calls):  # warm-up: Triton compiles, cuBLAS picks its kernels
+        call(i)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            call(i)
+    return median_ms(graph.replay, 20, device) * 1e3 / calls
+
+
+def matrix_product_microbench(runner: TorchRunner, device: torch.device) -> dict[str, Any]:
+    """Batch-1 products with each kind of weight, every layer's in turn (so L2 holds none)."""
+    out = {}
+    layers = runner.w.layers
+    kinds = {name: [getattr(layer, name)[0] for layer in layers]
+             for name in ("qkv", "o", "mlp_in", "mlp_out")}
+    kinds["head"] = [runner.w.head] * 4
+    for name, weights in kinds.items():
+        x = torch.randn((1, weights[0].shape[1]), device=device, dtype=weights[0].dtype)
+        us = graph_us_per_call(lambda i: torch.nn.functional.linear(x, weights[i]), len(weights),
+                               device)
+        nbytes = weights[0].numel() * weights[0].element_size()
+        out[name] = {"shape": list(weights[0].shape), "us": us, "GBps": nbytes / (us * 1e-6) / 1e9}
+        log(f"  matrix product {name} {list(weights[0].shape)}: {us:.1f} us, "
+            f"{out[name]['GBps']:.0f} GB/s")
+    return out
+
+
+def attention_microbench(config: ModelConfig, device: torch.device,
+                         contexts: tuple[int, ...]) -> dict[str, Any]:
+    """Decode attention at batch 1, one call per layer's cache: Triton (auto / 1 split), torch."""
+    from tinyinfer.model import torch_layers, torch_triton
+
+    heads, kv_heads, hd, layers = (config.num_heads, config.num_kv_heads, config.head_dim,
+                                   config.num_layers)
+    gen = torch.Generator(device=device).manual_seed(9)
+    out = {}
+    for ctx in contexts:
+        pages = math.ceil(ctx / BLOCK)
+        k_cache, v_cache = torch.randn((2, layers, pages, BLOCK, kv_heads, hd), generator=gen,
+                                       device=device, dtype=torch.bfloat16).unbind(0)
+        qkv = torch.randn((1, (heads + 2 * kv_heads) * hd), generator=gen, device=device,
+                          dtype=torch.bfloat16)
+        tables = torch.randperm(pages, generator=gen, device=device)[None, :]
+        positions = torch.tensor([ctx - 1], device=device)
+        slots = tables[:, (ctx - 1) // BLOCK] * BLOCK + (ctx - 1) % BLOCK
+        angles = torch.arange(ctx, device=device, dtype=torch.float64)[:, None] * \
+            torch.rand(hd // 2, generator=gen, device=device, dtype=torch.float64)
+        cos, sin = angles.cos().float(), angles.sin().float()
+        variants = {
+            "triton": lambda i: torch_triton.paged_decode_attention(
+                qkv, positions, slots, tables, k_cache[i], v_cache[i], cos, sin, heads),
+            "triton, 1 split": lambda i: torch_triton.paged_decode_attention(
+                qkv, positions, slots, tables, k_cache[i], v_cache[i], cos, sin, heads, num_splits=1),
+            "torch gather": lambda i: torch_layers.paged_decode_attention(
+                qkv, positions, slots, tables, k_cache[i], v_cache[i], cos, sin, heads),
+        }
+        for name, call in variants.items():
+            us = graph_us_per_call(call, layers, device)
+            out[f"context {ctx}, {name}"] = us
+            log(f"  decode attention, context {ctx}, {name}: {us:.1f} us per layer")
+    return out
 
 
 # ---------------------------------------------------------------- main
@@ -441,6 +510,10 @@ def print_summary(report: dict[str, Any]) -> None:
                   f"{p['roofline_tokens_per_s']:9.0f} {p['percent_of_roofline']:6.1f}")
         for kind, us in r["kernel_us_per_step"].items():
             print(f"    {kind:50s} {us:8.1f} us/step")
+        for kind, m in r["microbench"].get("matrix_products", {}).items():
+            print(f"    product {kind:8s} {str(m['shape']):16s} {m['us']:8.1f} us {m['GBps']:6.0f} GB/s")
+        for variant, us in r["microbench"].get("decode_attention", {}).items():
+            print(f"    attention {variant:40s} {us:8.1f} us/layer")
     print(f"\nwall time {report['seconds']:.0f} s")
 
 

@@ -12,7 +12,7 @@ nothing; their logits are dropped.
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -42,6 +42,7 @@ class DecodeGraphs:
         # One int64 buffer: token ids, positions, slots (max_batch each), then block tables.
         size = 3 * self.max_batch + self.max_batch * table_width
         self.host = torch.zeros(size, dtype=torch.int64, pin_memory=True)
+        self.host_array = self.host.numpy()  # the same pinned memory, written from NumPy
         self.inputs = torch.zeros(size, dtype=torch.int64, device=device)
         self.logits_host: Tensor | None = None
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
@@ -51,16 +52,17 @@ class DecodeGraphs:
         """The smallest captured size that holds the batch, or None if none does."""
         return next((s for s in self.sizes if s >= batch_size), None)
 
-    def _views(self, buffer: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(token_ids [size], positions [size], slots [size], block_tables [size, W]) of a buffer."""
+    def _views(self, buffer: Any, size: int) -> tuple[Any, Any, Any, Any]:
+        """(token_ids [size], positions [size], slots [size], block_tables [size, W]) of a buffer
+        (the device tensor or the host array)."""
         mb = self.max_batch
-        tables = buffer[3 * mb:].view(mb, self.table_width)
+        tables = buffer[3 * mb:].reshape(mb, self.table_width)
         return buffer[:size], buffer[mb:mb + size], buffer[2 * mb:2 * mb + size], tables[:size]
 
     def _stage(self, batch: Batch, size: int) -> int:
         """Write the batch, padded to `size` rows, into the pinned buffer; return elements used."""
         n = batch.num_seqs
-        tokens, positions, slots, tables = (t.numpy() for t in self._views(self.host, size))
+        tokens, positions, slots, tables = self._views(self.host_array, size)
         tokens[:n], positions[:n], slots[:n] = batch.token_ids, batch.positions, batch.slot_mapping
         tokens[n:], positions[n:], slots[n:] = 0, 0, self.scratch_slot
         for row, table in enumerate(batch.block_tables):

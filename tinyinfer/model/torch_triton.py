@@ -11,9 +11,10 @@ At batch 1 there are only (KV heads) programs, each walking the whole context on
 after another; splitting the context across programs (flash-decoding) keeps the GPU busy,
 and a second small kernel merges the splits' partial softmaxes.
 
-The new token is scored from registers rather than read back from the cache, so no program
-reads memory it has just written. Each head is handled as its two RoPE halves, so only the
-halves need padding to a power of two.
+Scores and weighted sums run on the matrix units (``tl.dot``): the query heads that share a
+KV head form the rows, padded to 16. Each head is handled as its two RoPE halves, so only the
+halves need padding to a power of two. The new token is scored from registers rather than
+read back from the cache, so no program reads memory it has just written.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-ELEMENTS_PER_PROGRAM = 8192  # query heads x keys x half head dim held at once per program
+KEY_TILE_ELEMENTS = 4096  # keys x half head dim loaded per step, per K/V half
 MAX_SPLITS = 16
 
 
@@ -40,7 +41,7 @@ def _paged_decode_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     head_dim = 2 * HALF
-    g = tl.arange(0, GROUP_P)  # the query heads that share this KV head
+    g = tl.arange(0, GROUP_P)  # the query heads that share this KV head (padded to >= 16)
     d = tl.arange(0, HALF_P)
     g_ok, d_ok = g < GROUP, d < HALF
     gd_ok = g_ok[:, None] & d_ok[None, :]
@@ -64,8 +65,10 @@ def _paged_decode_kernel(
         q1, q2 = q1 * cos[None, :] - q2 * sin[None, :], q2 * cos[None, :] + q1 * sin[None, :]
         k1, k2 = k1 * cos - k2 * sin, k2 * cos + k1 * sin
 
-    # The new token's K/V, rounded to the cache dtype, stored once (by split 0).
+    # q, k and v rounded to the cache dtype, as the matrix units and the cache will see them;
+    # the new token's K/V stored once (by split 0).
     cache_dtype = k_cache_ptr.dtype.element_ty
+    q1, q2 = q1.to(cache_dtype), q2.to(cache_dtype)
     k1, k2 = k1.to(cache_dtype), k2.to(cache_dtype)
     v1, v2 = v1.to(cache_dtype), v2.to(cache_dtype)
     slot_at = tl.load(slots_ptr + seq) * (NUM_KV_HEADS * head_dim) + kv_head * head_dim + d
@@ -74,18 +77,19 @@ def _paged_decode_kernel(
     tl.store(v_cache_ptr + slot_at, v1, mask=d_ok & first)
     tl.store(v_cache_ptr + slot_at + HALF, v2, mask=d_ok & first)
 
-    # Online softmax state [G]: split 0 starts from the new token, the others from nothing.
-    q1, q2 = q1 * scale, q2 * scale
-    s_new = tl.sum(q1 * k1.to(tl.float32)[None, :], 1) + tl.sum(q2 * k2.to(tl.float32)[None, :], 1)
-    m = tl.where(first, s_new, float("-inf"))
-    l = tl.where(first, 1.0, 0.0) + tl.zeros([GROUP_P], tl.float32)
+    # Online softmax state per query head: split 0 starts from the new token, others from nothing.
+    s_new = (tl.sum(q1.to(tl.float32) * k1.to(tl.float32)[None, :], 1)
+             + tl.sum(q2.to(tl.float32) * k2.to(tl.float32)[None, :], 1)) * scale
+    m = tl.where(first, s_new, float("-inf"))  # [G] running max score
+    l = tl.where(first, 1.0, 0.0) + tl.zeros([GROUP_P], tl.float32)  # sum of exp(score - m)
     acc1 = tl.zeros([GROUP_P, HALF_P], tl.float32) + tl.where(first, v1.to(tl.float32), 0.0)[None, :]
     acc2 = tl.zeros([GROUP_P, HALF_P], tl.float32) + tl.where(first, v2.to(tl.float32), 0.0)[None, :]
 
-    # This split's share of the earlier tokens 0..pos-1, BLOCK_N at a time, through the pages.
-    # (A while loop, not range(lo, hi, ...): Triton's CPU interpreter, which the tests use,
-    # cannot take a loaded scalar as a range bound.)
-    share = tl.cdiv(pos, NUM_SPLITS)
+    # This split's share of the earlier tokens 0..pos-1 (whole blocks of BLOCK_N, so short
+    # contexts use fewer splits), read through the block table. A while loop, not
+    # range(lo, hi, ...): Triton's CPU interpreter, which the tests use, cannot take a loaded
+    # scalar as a range bound.
+    share = tl.cdiv(tl.cdiv(pos, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * share
     end = tl.minimum(start + share, pos)
     tables = block_tables_ptr + seq * block_table_row_stride
@@ -96,18 +100,20 @@ def _paged_decode_kernel(
         at = (page * PAGE_SIZE + n % PAGE_SIZE) * (NUM_KV_HEADS * head_dim) + kv_head * head_dim
         nd_at = at[:, None] + d[None, :]  # [BLOCK_N, half]
         nd_ok = n_ok[:, None] & d_ok[None, :]
-        kb1 = tl.load(k_cache_ptr + nd_at, mask=nd_ok, other=0.0).to(tl.float32)
-        kb2 = tl.load(k_cache_ptr + nd_at + HALF, mask=nd_ok, other=0.0).to(tl.float32)
-        vb1 = tl.load(v_cache_ptr + nd_at, mask=nd_ok, other=0.0).to(tl.float32)
-        vb2 = tl.load(v_cache_ptr + nd_at + HALF, mask=nd_ok, other=0.0).to(tl.float32)
-        s = tl.sum(q1[:, None, :] * kb1[None, :, :], 2) + tl.sum(q2[:, None, :] * kb2[None, :, :], 2)
+        kb1 = tl.load(k_cache_ptr + nd_at, mask=nd_ok, other=0.0)
+        kb2 = tl.load(k_cache_ptr + nd_at + HALF, mask=nd_ok, other=0.0)
+        vb1 = tl.load(v_cache_ptr + nd_at, mask=nd_ok, other=0.0)
+        vb2 = tl.load(v_cache_ptr + nd_at + HALF, mask=nd_ok, other=0.0)
+        s = tl.dot(q1, tl.trans(kb1), input_precision="ieee")
+        s = tl.dot(q2, tl.trans(kb2), s, input_precision="ieee") * scale
         s = tl.where(n_ok[None, :], s, float("-inf"))  # [G, BLOCK_N]
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
-        acc1 = acc1 * alpha[:, None] + tl.sum(p[:, :, None] * vb1[None, :, :], 1)
-        acc2 = acc2 * alpha[:, None] + tl.sum(p[:, :, None] * vb2[None, :, :], 1)
+        p = p.to(cache_dtype)
+        acc1 = tl.dot(p, vb1, acc1 * alpha[:, None], input_precision="ieee")
+        acc2 = tl.dot(p, vb2, acc2 * alpha[:, None], input_precision="ieee")
         m = m_new
         start += BLOCK_N
 
@@ -165,8 +171,9 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, block_
     if num_splits is None:
         num_splits = default_splits(batch, num_kv_heads, qkv.device)
     group, half = num_heads // num_kv_heads, head_dim // 2
-    group_p, half_p = triton.next_power_of_2(group), triton.next_power_of_2(half)
-    block_n = max(16, min(128, ELEMENTS_PER_PROGRAM // (group_p * half_p)))
+    # tl.dot needs every dimension >= 16: pad the head group and the half head dim.
+    group_p, half_p = max(16, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(half))
+    block_n = max(16, min(64, KEY_TILE_ELEMENTS // half_p))
     out = torch.empty((batch, num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
     parts = batch * num_heads * num_splits
     part_acc = torch.empty((parts, head_dim) if num_splits > 1 else (1,), dtype=torch.float32,

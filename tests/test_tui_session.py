@@ -1,0 +1,211 @@
+"""The TUI's model of a run, without Textual: frames, stepping back, replay, scenarios, narration."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+
+import tinyinfer
+from tinyinfer.trace import read_trace
+
+from tui import cli
+from tui.frames import replay_frames
+from tui.narration import narrate
+from tui.scenarios import SCENARIOS
+from tui.options import Options
+from tui.session import Session, open_session
+
+
+@pytest.fixture(scope="module")
+def model(text_model_folder):
+    return tinyinfer.load(text_model_folder)
+
+
+def run_to_end(session: Session, limit: int = 400) -> None:
+    """Step a live session until its engine has nothing left (arrivals included)."""
+    for _ in range(limit):
+        if not session.engine_has_work:
+            return
+        arrivals = session.begin_step()
+        session.finish_step(session.compute_step(), arrivals)
+    raise AssertionError(f"the scenario did not finish within {limit} steps")
+
+
+def titles(session: Session) -> list[str]:
+    block = session.scenario.block_size
+    return [narrate(f, session.scenario.intro, block).title for f in session.frames]
+
+
+def test_start_frame_holds_the_tokenized_prompt(model):
+    session = Session.live(model, SCENARIOS["single"])
+    frame = session.frame
+    prompt = SCENARIOS["single"].arrivals[0].prompt
+    ids = model.tokenizer.encode(prompt)
+    assert [t.token_id for t in frame.seqs[0].prompt] == ids
+    assert "".join(t.text for t in frame.seqs[0].prompt) == prompt
+    assert frame.steps_done == 0 and frame.pool.used == 0
+
+
+def test_prefill_frame_owns_ceil_n_over_block_pages(model):
+    session = Session.live(model, SCENARIOS["single"])
+    n = len(session.frame.seqs[0].prompt)
+    session.finish_step(session.compute_step(), session.begin_step())
+    pool = session.frame.pool
+    owned = [p for p, owners in enumerate(pool.owners) if owners == (0,)]
+    assert len(owned) == math.ceil(n / 16)
+    seq = session.frame.seqs[0]
+    assert seq.seq_id == 0 and seq.computed == n and len(seq.output) == 1
+
+
+def test_abort_frees_the_pages(model):
+    session = Session.live(model, SCENARIOS["single"])
+    session.finish_step(session.compute_step(), session.begin_step())
+    session.abort(session.frame.seqs[0].request_id)
+    frame = session.frame
+    assert frame.event == "abort" and frame.seqs[0].finish_reason == "abort"
+    assert frame.pool.used == 0 and all(not owners for owners in frame.pool.owners)
+    assert not session.engine_has_work
+
+
+def test_back_then_forward_replays_recorded_frames_without_stepping(model):
+    session = Session.live(model, SCENARIOS["single"])
+    for _ in range(3):
+        session.finish_step(session.compute_step(), session.begin_step())
+    recorded = list(session.frames)
+    steps = session.engine.step_count
+    assert session.back() and session.back()
+    assert session.frame is recorded[1]
+    assert session.forward() and session.frame is recorded[2]
+    assert session.forward() and session.at_end
+    assert not session.forward()
+    assert session.engine.step_count == steps
+
+
+def test_every_scenario_runs_to_completion_and_tells_its_story(model):
+    stories = {
+        "single": {"Tokenize", "Prefill: the whole prompt in one step", "Decode: one token per step",
+                   "A new page", "All requests finished"},
+        "batching": {"Continuous batching: a request joins mid-flight", "Batched decode"},
+        "prefix": {"Prefix cache hit"},
+        "pressure": {"Preemption: the pool ran out of pages"},
+        "speculative": {"Speculative decoding: draft, then verify"},
+    }
+    for name, expected in stories.items():
+        session = open_session(Options(model=str(model.path), scenario=name), model)
+        run_to_end(session)
+        frame = session.frame
+        assert all(s.state == "finished" for s in frame.seqs), name
+        assert len(frame.seqs) == len(SCENARIOS[name].arrivals), name
+        assert frame.pool.used == 0, name
+        missing = expected - set(titles(session))
+        assert not missing, f"{name} never narrated {missing}"
+
+
+def test_pressure_pool_fits_each_request_but_not_all(model):
+    scenario = SCENARIOS["pressure"]
+    session = Session.live(model, scenario)
+    pages = session.engine.pool.num_pages
+    run_to_end(session)
+    assert sum(len(t.preempted) for t in session.frame.traces) > 0
+    preempted = [s for s in session.frame.seqs if s.preemptions]
+    assert preempted and all(len(s.output) == a.max_tokens or s.finish_reason == "stop"
+                             for s, a in zip(session.frame.seqs, scenario.arrivals))
+    assert pages < sum(math.ceil((len(s.prompt) + a.max_tokens) / scenario.block_size)
+                       for s, a in zip(session.frame.seqs, scenario.arrivals))
+
+
+def test_prefix_scenario_shares_pages_between_sequences(model):
+    session = Session.live(model, SCENARIOS["prefix"])
+    run_to_end(session)
+    shared = [f for f in session.frames if f.pool and any(len(o) > 1 for o in f.pool.owners)]
+    assert shared, "no frame showed a page held by two sequences"
+    later = [s for s in session.frame.seqs[1:]]
+    assert all(s.cached_tokens > 0 for s in later)
+
+
+def test_recorded_trace_replays_into_the_same_frames(model, tmp_path):
+    path = tmp_path / "run.jsonl"
+    live = Session.live(model, SCENARIOS["batching"], record=path)
+    run_to_end(live)
+    replayed = Session.replay(path)
+    assert len(replayed.frames) == len(live.frames)
+    last_live, last_replay = live.frames[-1], replayed.frames[-1]
+    assert last_replay.traces == last_live.traces
+    assert last_replay.pool == last_live.pool
+    by_id = {s.seq_id: s for s in last_replay.seqs}
+    for seq in last_live.seqs:
+        twin = by_id[seq.seq_id]
+        assert [t.token_id for t in twin.output] == [t.token_id for t in seq.output]
+        assert twin.prompt == () and twin.prompt_len == seq.prompt_len
+    assert replay_frames(list(read_trace(str(path))))[-1].traces == last_live.traces
+
+
+def test_replay_of_a_bad_file_says_what_to_do(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(tinyinfer.TinyInferError, match="--record"):
+        Session.replay(empty)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("{not json\n")
+    with pytest.raises(tinyinfer.TinyInferError, match="cannot replay"):
+        Session.replay(broken)
+
+
+def test_restart_gives_a_fresh_engine_with_one_prompt(model):
+    session = Session.live(model, SCENARIOS["batching"])
+    fresh = session.restart("HAMLET:\n")
+    assert fresh.engine is not session.engine
+    assert [s.seq_id for s in fresh.frame.seqs] == [None]
+    assert len(fresh.frame.seqs) == 1 and fresh.pending == []
+    assert fresh.engine.pool.num_pages == SCENARIOS["batching"].num_pages
+
+
+def test_cli_wires_into_a_parent_parser(tmp_path, capsys):
+    parser = argparse.ArgumentParser(prog="tinyinfer")
+    sub = parser.add_subparsers(dest="command")
+    cli.add_parser(sub)
+    args = parser.parse_args(["tui", "--scenario", "prefix", "--free", "--no-timings"])
+    assert (args.scenario, args.free, args.no_timings, args.model) == ("prefix", True, True, "bundled")
+    missing = parser.parse_args(["tui", "--replay", str(tmp_path / "missing.jsonl")])
+    assert cli.run(missing) == 2
+    assert "record one with --record" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["tui", "--scenario", "nope"])
+
+
+def test_importing_the_cli_does_not_import_textual():
+    import subprocess
+    import sys
+
+    code = "import sys, tinyinfer, tui.cli; print('textual' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_speculative_frames_show_every_emitted_token_and_match_plain_decoding(text_model_folder):
+    # The target drafting for itself: under greedy decoding every guess must be accepted.
+    options = Options(model=str(text_model_folder), scenario="speculative",
+                      draft_model=str(text_model_folder), num_draft=3)
+    fast = open_session(options)
+    assert fast.source.drafter == "draft model " + text_model_folder.name
+    run_to_end(fast)
+    verified = [p for t in fast.frame.traces for p in t.seqs if p.draft_tokens]
+    assert verified and all(p.accepted == len(p.draft_tokens) for p in verified)
+    assert all(len(p.emitted) == p.accepted + 1 for p in verified)
+    assert "Every guess accepted, plus a bonus" in titles(fast)
+    plain = fast.restart(speculative=False)
+    assert plain.source.drafter == "" and plain.engine.drafter is None
+    run_to_end(plain)
+    fast_ids = [t.token_id for t in fast.frame.seqs[0].output]
+    assert fast_ids == [t.token_id for t in plain.frame.seqs[0].output]
+    assert len(fast_ids) == SCENARIOS["speculative"].arrivals[0].max_tokens
+    assert len(fast.frame.traces) < len(plain.frame.traces)
+    assert fast.frame.seqs[0].computed == plain.frame.seqs[0].computed
+
+
+def test_without_a_draft_model_speculation_uses_prompt_lookup(text_model_folder):
+    session = open_session(Options(model=str(text_model_folder), speculative=True))
+    assert session.source.drafter == "prompt lookup"
+    assert type(session.engine.drafter).__name__ == "PromptLookupDrafter"

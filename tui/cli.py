@@ -1,0 +1,65 @@
+"""`tinyinfer tui`: the command line of the TUI (wired into tinyinfer's CLI, also `python -m tui`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tui.scenarios import SCENARIOS
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the `tui` command to a subparsers group and return its parser."""
+    scenarios = "; ".join(f"{s.name}: {s.title}" for s in SCENARIOS.values())
+    parser = subparsers.add_parser(
+        "tui", help="step through a real inference run in the terminal (guided walkthrough)",
+        description="Watch a real model run one engine step at a time: tokens, prefill and decode, "
+                    "KV pages, sampling and attention, with a narrated walkthrough. Press ? inside.")
+    parser.add_argument("--scenario", choices=tuple(SCENARIOS), default="single",
+                        help=f"classroom demo to run ({scenarios}); default: single")
+    parser.add_argument("--model", default="bundled",
+                        help="'bundled' or a Hugging Face model folder (default: bundled)")
+    parser.add_argument("--runner", choices=("numpy", "torch"), default="numpy",
+                        help="numpy = reference (records attention), torch = fast path (default: numpy)")
+    parser.add_argument("--device", default=None, help="torch device, e.g. cuda (torch runner)")
+    parser.add_argument("--speculative", action="store_true",
+                        help="start with speculative decoding on (d switches it inside)")
+    parser.add_argument("--draft-model", default=None,
+                        help="draft model for speculative decoding (default: bundled-draft with the "
+                             "bundled model, else prompt lookup, which needs no second model)")
+    parser.add_argument("--num-draft", type=int, default=4, help="tokens drafted per step (default: 4)")
+    parser.add_argument("--replay", type=Path, default=None, metavar="FILE",
+                        help="replay a recorded trace (JSON lines) without loading a model")
+    parser.add_argument("--record", type=Path, default=None, metavar="FILE",
+                        help="write every step's trace to FILE as JSON lines (for --replay)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    parser.add_argument("--free", action="store_true", help="start in free mode, without narration")
+    parser.add_argument("--no-timings", action="store_true",
+                        help="hide wall-clock times (for identical screens run to run)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the TUI with parsed arguments; returns the exit status."""
+    from tui.app import TinyInferApp
+    from tui.options import Options
+
+    if args.replay is not None and not args.replay.is_file():
+        print(f"tinyinfer tui: error: no trace file {args.replay}: record one with --record FILE",
+              file=sys.stderr)
+        return 2
+    options = Options(model=args.model, runner=args.runner, device=args.device,
+                      scenario=args.scenario, speculative=args.speculative,
+                      draft_model=args.draft_model, num_draft=args.num_draft,
+                      replay=args.replay, record=args.record,
+                      seed=args.seed, walkthrough=not args.free, show_timings=not args.no_timings)
+    TinyInferApp(options).run()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tui`: the same options as `tinyinfer tui`."""
+    parser = argparse.ArgumentParser(prog="python -m")  # so the command reads `python -m tui`
+    tui_parser = add_parser(parser.add_subparsers())
+    return run(tui_parser.parse_args(argv))

@@ -1,0 +1,1 @@
+"""The TUI's screens: loading, the run itself, and the dialogs over it."""

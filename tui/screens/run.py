@@ -1,0 +1,359 @@
+"""The main screen: the panels, the walkthrough narration, and every control of a run.
+
+The screen owns the session. Engine steps run in a thread worker so the interface never
+freezes; what the panels show flows down through reactive attributes bound to them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Footer
+from textual.worker import Worker, WorkerState
+
+from tinyinfer import SamplingParams
+from tinyinfer.errors import TinyInferError
+from tinyinfer.trace import StepTrace
+
+from tui.frames import Frame, SeqView
+from tui.narration import Narration, narrate
+from tui.options import Options
+from tui.panels import PANELS
+from tui.panels.narration import NarrationPanel
+from tui.screens.help import HelpScreen
+from tui.screens.prompt import PromptScreen
+from tui.screens.sampling import SamplingScreen
+from tui.scenarios import SUGGESTIONS
+from tui.session import DEFAULT_SAMPLING, Session
+from tui.statusbar import StatusBar
+
+TOP_K_STEPS = (0, 50, 20, 5, 1)  # fewer candidates to the right (0 is off: all of them)
+TOP_P_STEPS = (1.0, 0.95, 0.9, 0.75, 0.5)  # smaller nucleus to the right
+
+
+def nudge(values: tuple, current, direction: int):
+    """The neighbour of current in an ordered list, stopping at the ends (from the start if absent)."""
+    i = values.index(current) if current in values else 0
+    return values[min(len(values) - 1, max(0, i + direction))]
+
+
+def cycle(values: tuple, current, direction: int):
+    """The next value of a list after current, wrapping around (the first if current is absent)."""
+    i = values.index(current) if current in values else -direction
+    return values[(i + direction) % len(values)]
+
+
+def features(session: Session) -> frozenset[str]:
+    """Engine features a run uses, so their panels appear (a replay: what its trace shows)."""
+    drafted = any(p.draft_tokens for t in session.frames[-1].traces for p in t.seqs)
+    return frozenset({"speculative"} if session.source.drafter or drafted else ())
+
+
+def sampling_for(session: Session) -> SamplingParams:
+    """The knobs' starting point: the defaults at the scenario's temperature."""
+    if session.scenario is None:
+        return DEFAULT_SAMPLING
+    return dataclasses.replace(DEFAULT_SAMPLING, temperature=session.scenario.temperature)
+
+
+class RunScreen(Screen):
+    """Panels over a live or replayed run, with step / run / back and the sampling knobs."""
+
+    BINDINGS = [
+        Binding("space", "step", "Step", tooltip="Run one engine step (or replay the next recorded one)"),
+        Binding("r", "toggle_run", "Run/pause", tooltip="Run steps one after another, or pause"),
+        Binding("b", "back", "Back", tooltip="Step back: show the previous frame (recorded, not re-run)"),
+        Binding("n", "new_prompt", "New", tooltip="New prompt: a fresh engine running one prompt"),
+        Binding("a", "add_request", "Add", tooltip="Add a request that joins the running batch"),
+        Binding("s", "sampling", "Sampling", tooltip="Type exact temperature / top-k / top-p / max tokens"),
+        Binding("question_mark", "help", "Help", tooltip="This help"),
+        Binding("right", "step", "Step forward", show=False),
+        Binding("left", "back", "Step back (replays recorded steps)", show=False),
+        Binding("end", "live", "Back to the newest step", show=False),
+        Binding("x", "abort", "Abort the followed sequence", show=False),
+        Binding("f", "follow", "Follow the next sequence (next token, attention)", show=False),
+        Binding("t", "temperature(-0.1)", "Temperature down", show=False),
+        Binding("T", "temperature(0.1)", "Temperature up", show=False),
+        Binding("k", "top_k(1)", "Top-k: fewer candidates", show=False),
+        Binding("K", "top_k(-1)", "Top-k: more candidates", show=False),
+        Binding("p", "top_p(1)", "Top-p: smaller nucleus", show=False),
+        Binding("P", "top_p(-1)", "Top-p: larger nucleus", show=False),
+        Binding("l", "layer(1)", "Attention: next layer", show=False),
+        Binding("L", "layer(-1)", "Attention: previous layer", show=False),
+        Binding("h", "head(1)", "Attention: next head", show=False),
+        Binding("H", "head(-1)", "Attention: previous head", show=False),
+        Binding("i", "toggle_ids", "Show token ids / text", show=False),
+        Binding("v", "swap", "Small screens: cycle the swapped panel", show=False),
+        Binding("w", "toggle_walkthrough", "Walkthrough narration on / off", show=False),
+        Binding("d", "toggle_speculative", "Speculative decoding on / off (restarts the requests)",
+                show=False),
+    ]
+
+    frame: reactive[Frame | None] = reactive(None)
+    narration: reactive[Narration | None] = reactive(None, init=False)
+    show_ids: reactive[bool] = reactive(False)
+    show_timings: reactive[bool] = reactive(True)
+    focus_seq: reactive[int | None] = reactive(None)
+    sampling: reactive[SamplingParams] = reactive(DEFAULT_SAMPLING)
+    layer_index: reactive[int] = reactive(0)
+    head_index: reactive[int] = reactive(0)
+    runner: reactive[str] = reactive("numpy")
+    kv_bytes_per_page: reactive[int | None] = reactive(None)
+    drafter: reactive[str] = reactive("")
+    features: reactive[frozenset[str]] = reactive(frozenset(), init=False, always_update=True)
+    walkthrough: reactive[bool] = reactive(True, init=False)
+    running: reactive[bool] = reactive(False, init=False)
+    status_text: reactive[str] = reactive("")
+    swap: reactive[int] = reactive(0, init=False, always_update=True)
+
+    def __init__(self, session: Session, options: Options) -> None:
+        super().__init__()
+        self.session = session
+        self.options = options
+        self._job: Worker | None = None
+        self.busy = False  # an engine step is in flight
+        self._suggestion = 0
+        self._swappable: list[str] = []
+        self.set_reactive(RunScreen.show_timings, options.show_timings)
+        self.set_reactive(RunScreen.walkthrough, options.walkthrough)
+        self.set_reactive(RunScreen.runner, session.source.runner)
+        self.set_reactive(RunScreen.kv_bytes_per_page, session.kv_bytes_per_page)
+        self.set_reactive(RunScreen.drafter, session.source.drafter)
+        self.set_reactive(RunScreen.sampling, sampling_for(session))
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(id="status").data_bind(text=RunScreen.status_text, running=RunScreen.running)
+        yield NarrationPanel().data_bind(RunScreen.narration)
+        with Grid(id="panels"):
+            for cls in PANELS:
+                panel = cls()
+                if cls.SWAPPABLE:
+                    panel.add_class("swap")
+                yield panel.data_bind(**{name: getattr(RunScreen, name) for name in cls.BINDS})
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._timer = self.set_interval(self.options.run_interval, self._tick, pause=True)
+        self.features = features(self.session)
+        self.watch_walkthrough(self.walkthrough)
+        self.show_frame()
+
+    def adopt(self, session: Session) -> None:
+        """Show a new session (a new prompt, speculative decoding switched)."""
+        self.session = session
+        self.focus_seq = None
+        self.drafter = session.source.drafter
+        self.sampling = sampling_for(session)
+        self.features = features(session)
+        self.show_frame()
+
+    # ------------------------------------------------------------------ showing
+
+    def show_frame(self) -> None:
+        """Put the session's current frame on every panel, the narration and the status line."""
+        session = self.session
+        frame = session.frame
+        self.frame = frame
+        scenario = session.scenario
+        block_size = frame.pool.block_size if frame.pool else 16
+        self.narration = narrate(frame, scenario.intro if scenario else "", block_size)
+        where = "live" if session.at_end and session.is_live else (
+            "end of recording" if session.at_end else "replaying recorded steps")
+        source = session.source
+        speculative = f" · drafts: {self.drafter}" if self.drafter else ""
+        self.status_text = (f"step {frame.steps_done} · frame {session.cursor + 1}/{len(session.frames)}"
+                            f" {where} │ {source.model} · {source.runner} · {source.scenario}{speculative}")
+
+    def watch_narration(self, narration: Narration | None) -> None:
+        for panel in self.query(".panel"):
+            panel.set_class(self.walkthrough and narration is not None and panel.id == narration.panel,
+                            "-highlight")
+        if self.walkthrough and narration is not None and narration.panel in self._swappable:
+            self.swap = self._swappable.index(narration.panel)
+
+    def watch_swap(self, swap: int) -> None:
+        for i, panel_id in enumerate(self._swappable):
+            self.query_one(f"#{panel_id}").set_class(i == swap, "-current")
+
+    def watch_features(self, features: frozenset[str]) -> None:
+        """Show the panels of engine features this run uses; hide the others everywhere."""
+        for cls in PANELS:
+            self.query_one(f"#{cls.PANEL_ID}").set_class(
+                cls.FEATURE is not None and cls.FEATURE not in features, "-off")
+        for feature in {cls.FEATURE for cls in PANELS if cls.FEATURE}:
+            self.set_class(feature in features, f"-with-{feature}")
+        self._swappable = [cls.PANEL_ID for cls in PANELS if cls.SWAPPABLE
+                           and (cls.FEATURE is None or cls.FEATURE in features)]
+        self.swap = 0
+
+    def watch_walkthrough(self, on: bool) -> None:
+        self.set_class(not on, "-free")
+        self.watch_narration(self.narration)
+
+    def watch_running(self, running: bool) -> None:
+        if running:
+            self._timer.resume()
+        else:
+            self._timer.pause()
+
+    # ------------------------------------------------------------------ stepping
+
+    def action_step(self) -> None:
+        """Show the next frame: replay a recorded one, or run the engine once at the live end."""
+        if self.busy:
+            return
+        if self.session.forward():
+            self.show_frame()
+            return
+        if not self.session.engine_has_work:
+            self.running = False
+            self.notify("Nothing left to run: press n for a new prompt or a to add a request.",
+                        title="Done" if self.session.is_live else "End of recording")
+            return
+        arrivals = self.session.begin_step()
+        self.busy = True
+        self._job = self._run_step(arrivals)
+
+    @work(thread=True, exit_on_error=False, group="engine")
+    def _run_step(self, arrivals: tuple[SeqView, ...]) -> None:
+        trace = self.session.compute_step()
+        self.app.call_from_thread(self._stepped, trace, arrivals)
+
+    def _stepped(self, trace: StepTrace, arrivals: tuple[SeqView, ...]) -> None:
+        self.session.finish_step(trace, arrivals)
+        self.busy = False
+        self.show_frame()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state == WorkerState.ERROR:
+            self.busy = False
+            self.running = False
+            self.notify(str(event.worker.error), title="The engine step failed", severity="error")
+
+    def _tick(self) -> None:
+        if not self.busy:
+            self.action_step()
+
+    def action_toggle_run(self) -> None:
+        self.running = not self.running and self.session.can_forward
+
+    def action_back(self) -> None:
+        if not self.busy and self.session.back():
+            self.show_frame()
+
+    def action_live(self) -> None:
+        self.session.cursor = len(self.session.frames) - 1
+        self.show_frame()
+
+    async def _idle(self) -> bool:
+        """Stop running and wait for a step in flight; False (with a note) for a replay."""
+        self.running = False
+        if self._job is not None:
+            await self._job.wait()
+        if not self.session.is_live:
+            self.notify("This is a recorded run: there is no model to run new requests.",
+                        severity="warning")
+        return self.session.is_live
+
+    # ------------------------------------------------------------------ requests
+
+    def _suggest(self) -> str:
+        self._suggestion += 1
+        return SUGGESTIONS[self._suggestion % len(SUGGESTIONS)]
+
+    def action_new_prompt(self) -> None:
+        self.app.push_screen(PromptScreen("New prompt (starts a fresh engine)", self._suggest()),
+                             self._new_prompt)
+
+    async def _new_prompt(self, prompt: str | None) -> None:
+        if prompt is None or not await self._idle():
+            return
+        try:
+            self.adopt(self.session.restart(prompt))
+        except TinyInferError as exc:
+            self.notify(str(exc), title="Cannot start that prompt", severity="error")
+
+    def action_add_request(self) -> None:
+        self.app.push_screen(PromptScreen("Add a request to the running batch", self._suggest()),
+                             self._add_request)
+
+    async def _add_request(self, prompt: str | None) -> None:
+        if prompt is None or not await self._idle():
+            return
+        try:
+            self.session.add_request(prompt, self.session.next_params(self.sampling))
+        except TinyInferError as exc:
+            self.notify(str(exc), title="Cannot add that request", severity="error")
+            return
+        self.show_frame()
+
+    async def action_abort(self) -> None:
+        seq = self.frame.focus(self.focus_seq) if self.frame else None
+        if seq is None or seq.state == "finished":
+            self.notify("No unfinished sequence to abort: f chooses one.", severity="warning")
+            return
+        if not await self._idle():
+            return
+        self.session.abort(seq.request_id)
+        self.show_frame()
+
+    async def action_toggle_speculative(self) -> None:
+        if not await self._idle():
+            return
+        speculation = self.session.speculation
+        on = speculation is not None and not speculation.on
+        try:
+            self.adopt(self.session.restart(speculative=on))
+        except TinyInferError as exc:
+            self.notify(str(exc), title="Cannot switch speculative decoding", severity="error")
+            return
+        self.notify(f"Speculative decoding {'on' if on else 'off'}: the requests start again.")
+
+    # ------------------------------------------------------------------ knobs
+
+    def action_sampling(self) -> None:
+        self.app.push_screen(SamplingScreen(self.sampling), self._set_sampling)
+
+    def _set_sampling(self, params: SamplingParams | None) -> None:
+        if params is not None:
+            self.sampling = params
+
+    def action_temperature(self, delta: float) -> None:
+        t = min(2.0, max(0.0, round(self.sampling.temperature + delta, 1)))
+        self.sampling = dataclasses.replace(self.sampling, temperature=t)
+
+    def action_top_k(self, direction: int) -> None:
+        self.sampling = dataclasses.replace(
+            self.sampling, top_k=nudge(TOP_K_STEPS, self.sampling.top_k, direction))
+
+    def action_top_p(self, direction: int) -> None:
+        self.sampling = dataclasses.replace(
+            self.sampling, top_p=nudge(TOP_P_STEPS, self.sampling.top_p, direction))
+
+    def action_follow(self) -> None:
+        ids = [s.seq_id for s in self.frame.seqs if s.seq_id is not None] if self.frame else []
+        self.focus_seq = cycle(tuple(ids) + (None,), self.focus_seq, 1)
+
+    def action_layer(self, delta: int) -> None:
+        self.layer_index += delta
+
+    def action_head(self, delta: int) -> None:
+        self.head_index += delta
+
+    def action_toggle_ids(self) -> None:
+        self.show_ids = not self.show_ids
+
+    def action_swap(self) -> None:
+        self.swap = (self.swap + 1) % len(self._swappable)
+
+    def action_toggle_walkthrough(self) -> None:
+        self.walkthrough = not self.walkthrough
+
+    def action_help(self) -> None:
+        self.app.push_screen(HelpScreen(self.BINDINGS))

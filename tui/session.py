@@ -1,0 +1,254 @@
+"""A run the TUI shows: a live engine (or a recorded trace) and the frames seen so far.
+
+The session holds the frames and a cursor. Stepping forward past the last frame runs the
+engine once; stepping back only moves the cursor, and stepping forward again replays the
+recorded frames. Nothing here imports Textual: the screens call these methods from workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import tinyinfer
+from tinyinfer.errors import TinyInferError
+from tinyinfer.loading import BUNDLED
+from tinyinfer.speculative import DraftModelDrafter, Drafter, PromptLookupDrafter
+from tinyinfer.trace import StepTrace, read_trace
+
+from tui.frames import (Frame, SeqView, Token, after_abort, after_add, after_step, replay_frames,
+                        start_frame)
+from tui.options import Options
+from tui.scenarios import SCENARIOS, Arrival, Scenario
+
+DEFAULT_SAMPLING = tinyinfer.SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=0)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a session's frames come from, in words for the status bar."""
+
+    model: str  # model name, or the trace file for a replay
+    runner: str  # "numpy", "torch" or "replay"
+    scenario: str
+    drafter: str = ""  # the speculative drafter in words; empty when speculative decoding is off
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How to make a drafter for speculative decoding, and whether a session uses one."""
+
+    make: Callable[[], Drafter]  # a fresh drafter per engine (a draft model keeps KV pages)
+    name: str
+    num_draft: int = 4
+    on: bool = False
+
+
+class Session:
+    """Frames of one run and a cursor over them; live sessions also own the engine."""
+
+    def __init__(self, frames: list[Frame], source: Source, engine: tinyinfer.Engine | None = None,
+                 scenario: Scenario | None = None, record: Path | None = None, seed: int = 0,
+                 kv_bytes_per_page: int | None = None, speculation: Speculation | None = None):
+        self.frames = frames
+        self.cursor = 0
+        self.source = source
+        self.engine = engine
+        self.scenario = scenario
+        self.pending: list[tuple[Arrival, int]] = []  # scenario requests not yet added
+        self.record = record
+        self.kv_bytes_per_page = kv_bytes_per_page
+        self.speculation = speculation
+        self._seed = seed
+        self._requests = 0
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def live(cls, model: tinyinfer.Model, scenario: Scenario, seed: int = 0,
+             record: Path | None = None, speculation: Speculation | None = None) -> Session:
+        """Start a scenario on a loaded model: requests due at step 0 are queued already."""
+        lens = [len(model.tokenizer.encode(a.prompt)) for a in scenario.arrivals]
+        speculating = speculation is not None and speculation.on
+        engine = tinyinfer.Engine(
+            model, num_pages=scenario.pool_pages(lens), block_size=scenario.block_size,
+            max_num_seqs=scenario.max_num_seqs,
+            max_num_batched_tokens=scenario.max_num_batched_tokens, seed=seed, detail="full",
+            drafter=speculation.make() if speculating else None,
+            num_draft=speculation.num_draft if speculating else 4)
+        source = Source(model.name, model.runner.name, scenario.name,
+                        speculation.name if speculating else "")
+        itemsize = getattr(getattr(model.runner, "dtype", None), "itemsize", None)
+        page_bytes = (model.config.kv_bytes_per_token(itemsize) * scenario.block_size
+                      if isinstance(itemsize, int) else None)
+        if record is not None:
+            record.write_text("", encoding="utf-8")
+        session = cls([], source, engine, scenario, record=record, seed=seed,
+                      kv_bytes_per_page=page_bytes, speculation=speculation)
+        session.pending = [(a, i) for i, a in enumerate(scenario.arrivals)]
+        first = tuple(session._submit(a, i) for a, i in session._due(0))
+        session.frames = [start_frame(first, engine.pool_view())]
+        return session
+
+    @classmethod
+    def replay(cls, path: Path) -> Session:
+        """Frames of a recorded trace (JSON lines from tinyinfer.trace.write_trace); no model."""
+        try:
+            traces = list(read_trace(str(path)))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise TinyInferError(f"cannot replay {path}: {exc}") from exc
+        if not traces:
+            raise TinyInferError(f"{path} holds no steps to replay: record a run with --record FILE")
+        return cls(replay_frames(traces), Source(path.name, "replay", "replay"))
+
+    def restart(self, prompt: str | None = None, speculative: bool | None = None) -> Session:
+        """A fresh engine on the same model and pool shape: a new prompt, or the same requests
+        with speculative decoding switched on or off."""
+        assert self.engine is not None and self.scenario is not None
+        scenario = self.scenario if prompt is None else self.scenario.with_prompt(prompt)
+        speculation = self.speculation
+        if speculative is not None:
+            if speculation is None:
+                raise TinyInferError("speculative decoding needs a drafter, and none was set up")
+            speculation = dataclasses.replace(speculation, on=speculative)
+        return Session.live(self.engine.model, scenario, self._seed, self.record, speculation)
+
+    # ------------------------------------------------------------------ where we are
+
+    @property
+    def frame(self) -> Frame:
+        return self.frames[self.cursor]
+
+    @property
+    def is_live(self) -> bool:
+        return self.engine is not None
+
+    @property
+    def at_end(self) -> bool:
+        return self.cursor == len(self.frames) - 1
+
+    @property
+    def engine_has_work(self) -> bool:
+        """Whether running the engine once more would do anything."""
+        return self.engine is not None and (self.engine.has_unfinished() or bool(self.pending))
+
+    @property
+    def can_forward(self) -> bool:
+        return not self.at_end or self.engine_has_work
+
+    def back(self) -> bool:
+        if self.cursor == 0:
+            return False
+        self.cursor -= 1
+        return True
+
+    def forward(self) -> bool:
+        """Replay the next recorded frame; False at the end (the engine must step instead)."""
+        if self.at_end:
+            return False
+        self.cursor += 1
+        return True
+
+    # ------------------------------------------------------------------ live stepping
+
+    def begin_step(self) -> tuple[SeqView, ...]:
+        """Queue the scenario's requests due now (main thread, before the engine steps)."""
+        assert self.engine is not None
+        step = self.engine.step_count
+        return tuple(self._submit(a, i) for a, i in self._due(step))
+
+    def compute_step(self) -> StepTrace:
+        """Run the engine once (slow: call from a worker thread)."""
+        assert self.engine is not None
+        return self.engine.step()
+
+    def finish_step(self, trace: StepTrace, arrivals: tuple[SeqView, ...]) -> Frame:
+        """Record the step as the newest frame and show it."""
+        frame = after_step(self.frames[-1], trace, arrivals, lambda t: self.token(t).text)
+        self._push(frame)
+        if self.record is not None:
+            with self.record.open("a", encoding="utf-8") as f:
+                f.write(trace.to_json() + "\n")
+        return frame
+
+    def add_request(self, prompt: str, params: tinyinfer.SamplingParams) -> SeqView:
+        """Queue a request now; it joins the running batch at the next step."""
+        assert self.engine is not None
+        self._requests += 1
+        seq = self._queue(prompt, params)
+        self._push(after_add(self.frames[-1], seq, self.engine.pool_view()))
+        return seq
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its pages."""
+        assert self.engine is not None
+        self.engine.abort_request(request_id)
+        self._push(after_abort(self.frames[-1], request_id, self.engine.pool_view()))
+
+    def token(self, token_id: int) -> Token:
+        """A token with its own text (live: from the tokenizer, bytes decoded leniently)."""
+        assert self.engine is not None
+        raw = self.engine.model.tokenizer.token_bytes(token_id)
+        return Token(token_id, raw.decode("utf-8", errors="replace"))
+
+    def next_params(self, base: tinyinfer.SamplingParams) -> tinyinfer.SamplingParams:
+        """Sampling for a request added by hand: the chosen settings with a fresh seed."""
+        return tinyinfer.SamplingParams(max_tokens=base.max_tokens, temperature=base.temperature,
+                                        top_k=base.top_k, top_p=base.top_p,
+                                        seed=self._seed + 1000 + self._requests)
+
+    # ------------------------------------------------------------------ internals
+
+    def _due(self, step: int) -> list[tuple[Arrival, int]]:
+        idle = self.engine is not None and not self.engine.has_unfinished()
+        due = [(a, i) for a, i in self.pending if a.at_step <= step or idle]
+        if idle and due:  # nothing is running: the earliest waiting arrival comes now
+            due = [d for d in due if d[0].at_step == min(a.at_step for a, _ in due)]
+        self.pending = [p for p in self.pending if p not in due]
+        return due
+
+    def _submit(self, arrival: Arrival, index: int) -> SeqView:
+        assert self.scenario is not None
+        params = tinyinfer.SamplingParams(
+            max_tokens=arrival.max_tokens, temperature=self.scenario.temperature,
+            top_p=DEFAULT_SAMPLING.top_p, seed=self._seed + index)
+        return self._queue(arrival.prompt, params)
+
+    def _queue(self, prompt: str, params: tinyinfer.SamplingParams) -> SeqView:
+        assert self.engine is not None
+        request_id = self.engine.add_request(prompt, params)
+        ids = self.engine.completion(request_id).prompt_ids
+        return SeqView(request_id, None, tuple(self.token(t) for t in ids), prompt_len=len(ids),
+                       arrival_step=self.engine.step_count)
+
+    def _push(self, frame: Frame) -> None:
+        self.frames.append(frame)
+        self.cursor = len(self.frames) - 1
+
+
+def speculation_for(options: Options, model: tinyinfer.Model, on: bool) -> Speculation:
+    """The drafter a run can switch on: a draft model if there is one, else prompt lookup."""
+    draft = options.draft_model
+    if draft is None and options.model == "bundled" and BUNDLED["bundled-draft"].is_dir():
+        draft = "bundled-draft"
+    if draft is None:
+        return Speculation(PromptLookupDrafter, "prompt lookup", options.num_draft, on)
+    draft_model = tinyinfer.load(draft, runner=model.runner.name, device=options.device)
+    return Speculation(lambda: DraftModelDrafter(draft_model), f"draft model {draft_model.name}",
+                       options.num_draft, on)
+
+
+def open_session(options: Options, model: tinyinfer.Model | None = None) -> Session:
+    """Read a replay, or load the model (unless given) and start the scenario (slow: worker)."""
+    if options.replay is not None:
+        return Session.replay(options.replay)
+    if model is None:
+        model = tinyinfer.load(options.model, runner=options.runner, device=options.device)
+    if not model.has_tokenizer:
+        raise TinyInferError(f"{model.name} has no tokenizer, so the TUI cannot show its text: "
+                             "pass a model folder with tokenizer files")
+    scenario = SCENARIOS[options.scenario]
+    speculation = speculation_for(options, model, options.speculative or scenario.speculative)
+    return Session.live(model, scenario, options.seed, options.record, speculation)

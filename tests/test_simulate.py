@@ -357,7 +357,7 @@ def test_calibration_on_real_cpu_measurements(cpu_measurements):
     hardware = cal.hardware_for(micro)
     assert hardware.memory_bandwidth == micro.copy_bandwidth
     base = cal.fit_efficiency(hardware, micro, [])
-    assert base == Efficiency(compute=1.0, bandwidth=1.0)  # peaks are the measured rates
+    assert base == Efficiency(compute=1.0, attention=1.0, bandwidth=1.0)  # peaks: the measured rates
     fitted = cal.fit_efficiency(hardware, micro, timings)
     overheads = (fitted.step_overhead, fitted.prefill_seq_overhead, fitted.sample_cost)
     assert min(overheads) >= 0 and 0 < fitted.bandwidth <= 1.5 and 0 < fitted.compute <= 1.5

@@ -44,6 +44,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="an API's $ per million tokens, for the break-even utilization (C20)")
     p.add_argument("--compute-efficiency", type=float, default=Efficiency.compute,
                    help=f"share of peak FLOP/s reached (default: {Efficiency.compute})")
+    p.add_argument("--attention-efficiency", type=float, default=Efficiency.attention,
+                   help=f"share of peak FLOP/s prefill attention reaches (default: {Efficiency.attention})")
     p.add_argument("--bandwidth-efficiency", type=float, default=Efficiency.bandwidth,
                    help=f"share of peak bandwidth reached (default: {Efficiency.bandwidth})")
     p.add_argument("--step-overhead-ms", type=float, default=0.0, help="fixed host cost per step (0)")
@@ -104,8 +106,8 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         if prompt < 1:
             raise SimulationError(f"--context {args.context} leaves no prompt after --output "
                                   f"{args.output}: raise the context or lower the output")
-    efficiency = Efficiency(args.compute_efficiency, args.bandwidth_efficiency, args.step_overhead_ms / 1e3,
-                            args.prefill_seq_overhead_ms / 1e3, args.sample_ns / 1e9)
+    efficiency = Efficiency(args.compute_efficiency, args.attention_efficiency, args.bandwidth_efficiency,
+                            args.step_overhead_ms / 1e3, args.prefill_seq_overhead_ms / 1e3, args.sample_ns / 1e9)
     return Scenario.of(args.model, args.hardware, weight_precision=args.weights, kv_precision=args.kv,
                        batch=args.batch, prompt_tokens=prompt, output_tokens=args.output,
                        num_gpus=args.gpus, spec_k=args.spec_k, spec_acceptance=args.acceptance,

@@ -106,7 +106,8 @@ class Scenario:
             raise SimulationError("utilization and memory utilization must be within (0, 1]")
         e = self.efficiency
         overheads = (e.step_overhead, e.prefill_seq_overhead, e.sample_cost)
-        if not (0 < e.compute <= 1.5 and 0 < e.bandwidth <= 1.5 and min(overheads) >= 0):
+        if not (0 < min(e.compute, e.attention, e.bandwidth) and max(e.compute, e.attention, e.bandwidth) <= 1.5
+                and min(overheads) >= 0):
             raise SimulationError("efficiencies must be positive (about 0.3-1.0) and overheads >= 0")
         if self.num_gpus > self.hardware.max_devices:
             raise SimulationError(f"{self.hardware.title} shards over at most "

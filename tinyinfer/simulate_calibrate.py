@@ -1,16 +1,16 @@
 """Calibration: measure this device and the engine on it, then fit the simulator's efficiencies.
 
-The roofline assumes datasheet rates; real kernels reach a share of them, and each engine
-step pays a fixed cost (kernel launches, Python, sampling). Calibration measures:
+The roofline assumes datasheet rates; real kernels reach a share of them, and an engine pays
+for work outside the GPU math (Python, kernel launches, sampling on the host). Calibration
+measures:
 
 1. a device-to-device copy (memory bandwidth) and a large matmul (FLOP/s) with torch;
 2. real engine runs on the torch runner with random weights of real shapes: time to first
-   token of one prompt and time per output token of a batch;
+   token of a batch of prompts and time per output token;
 
-and fits ``Efficiency``: per-step overhead and a slowdown over the microbenchmarks from the
-decode steps (``t = overhead + slowdown × roofline``), then the compute slowdown from the
-prefills. It then lists predicted vs measured TTFT and TPOT, marking the runs the fit saw.
-Unlike the simulator, this module runs things: it imports torch and the engine lazily.
+and fits ``Efficiency`` (see ``fit_efficiency``). It then lists predicted vs measured TTFT
+and TPOT, marking the runs the fit saw and those it did not. Unlike the simulator, this
+module runs things: it imports torch and the engine, lazily.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tinyinfer.simulate_presets import (
 )
 from tinyinfer.simulate_quantity import Quantity, format_value
 
-# A Llama-shaped model small enough to measure on any CPU in a second.
+# A Llama-shaped model small enough to measure on any CPU.
 TINY_LLAMA = model_from_hf("tiny-llama", {
     "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
     "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4,
@@ -38,7 +38,6 @@ TINY_LLAMA = model_from_hf("tiny-llama", {
 DEVICE_PRESETS = {"H100": "h100-sxm", "H200": "h200", "A100": "a100-80gb", "L4": "l4",
                   "4090": "rtx-4090"}
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
-MIN_SLOWDOWN = 0.8  # the engine may beat a microbenchmark rate by at most 20% (reads vs copies)
 
 
 @dataclass(frozen=True)
@@ -165,13 +164,19 @@ def hardware_for(micro: Microbenchmarks) -> Hardware:
 def measure_engine(cases: Sequence[CalibrationCase], device: str, precision: str, seed: int = 0,
                    progress: Callable[[str], None] | None = None) -> list[EngineTiming]:
     """Run cases through the real engine (torch runner, random weights of each case's shape),
-    each once to warm up (compile, CUDA graphs) and once measured."""
+    each once to warm up (compile, CUDA graphs) and once measured; grouped by model, so each
+    model's weights are made once and freed before the next model's."""
+    import gc
+
+    import torch
+
     from tinyinfer.model.torch_fast import TorchRunner
     from tinyinfer.model.torch_weights import random_weights
 
     dtype = TORCH_DTYPES[precision]
+    order = {name: i for i, name in reversed(list(enumerate(c.model.name for c in cases)))}
     runner, shape, timings = None, None, []
-    for case in cases:
+    for case in sorted(cases, key=lambda c: order[c.model.name]):
         config = case.model.config
         if case.model.is_moe:
             raise SimulationError("the engine runs dense models only: calibrate with a dense preset")
@@ -182,7 +187,11 @@ def measure_engine(cases: Sequence[CalibrationCase], device: str, precision: str
             progress(f"engine: {case.model.title}, batch {case.batch}, prompt {case.prompt_tokens}, "
                      f"output {case.output_tokens}")
         if shape != config:
-            runner = None  # free the last model's weights before making the next one's
+            runner = None  # free the last model's weights (and compiled code holding them) first
+            torch.compiler.reset()
+            gc.collect()
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
             runner = TorchRunner(config, random_weights(config, device, dtype, seed), device=device, dtype=dtype)
             shape = config
         _run_case(case, runner, seed)
@@ -227,9 +236,9 @@ def _prefill_time(sim: Simulation) -> Quantity:
     return sim.e2e_latency.inputs["batch_prefill_time"]  # type: ignore[return-value]
 
 
-def _roofline(step: Quantity) -> float:
-    """A step's time on the roofline alone: linear time + attention time."""
-    return step.inputs["linear_time"].value + step.inputs["attention_time"].value  # type: ignore[union-attr]
+def _parts(step: Quantity) -> tuple[float, float]:
+    """A step's roofline times: (linear part, attention part)."""
+    return step.inputs["linear_time"].value, step.inputs["attention_time"].value  # type: ignore[union-attr]
 
 
 def nnls(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:
@@ -265,27 +274,32 @@ def fit_efficiency(hardware: Hardware, micro: Microbenchmarks,
     Start from the microbenchmarks (matmul ÷ peak, copy ÷ peak bandwidth), then fit by
     non-negative least squares over the runs used for fitting:
       TPOT = step_overhead + sample_cost × batch × vocab + slowdown × decode roofline
-      TTFT = the same overheads + prefill_seq_overhead × prompts + slowdown' × prefill roofline
-    where a roofline is the simulator's linear + attention time at the microbenchmark rates and
-    each slowdown is at least MIN_SLOWDOWN; an efficiency is its microbenchmark share ÷ slowdown.
+      TTFT = the same overheads + prefill_seq_overhead × prompts
+             + slowdown_linear × linear time + slowdown_attention × attention time
+    where rooflines are the simulator's times at the microbenchmark rates. An efficiency is its
+    microbenchmark share ÷ its slowdown; no slowdown may make the engine beat the matmul
+    microbenchmark or the datasheet bandwidth (streaming reads may beat a copy, up to the peak).
     """
     peak = hardware.peak(micro.precision)
-    base = Efficiency(compute=min(1.5, micro.matmul_flops / peak),
+    share = min(1.5, micro.matmul_flops / peak)
+    base = Efficiency(compute=share, attention=share,
                       bandwidth=min(1.5, micro.copy_bandwidth / hardware.memory_bandwidth))
     fitted = [t for t in timings if t.case.fit]
     if not fitted:
         return base
     sims = [simulate(_scenario(t.case, hardware, micro.precision, base)) for t in fitted]
     logits = [t.case.batch * t.case.model.config.vocab_size for t in fitted]
-    decode = [_roofline(s.tpot) for s in sims]
+    decode = [sum(_parts(s.tpot)) for s in sims]
+    least = base.bandwidth  # slowdown of a read at the datasheet peak
     step, sample_cost, extra = nnls([[1, n, r] for n, r in zip(logits, decode)],
-                                    [t.tpot - MIN_SLOWDOWN * r for t, r in zip(fitted, decode)])
-    prefill = [_roofline(_prefill_time(s)) for s in sims]
-    per_prompt, extra_c = nnls([[t.case.batch, r] for t, r in zip(fitted, prefill)],
-                               [t.ttft - step - sample_cost * n - MIN_SLOWDOWN * r
-                                for t, n, r in zip(fitted, logits, prefill)])
-    return Efficiency(compute=min(1.5, base.compute / (MIN_SLOWDOWN + extra_c)),
-                      bandwidth=min(1.5, base.bandwidth / (MIN_SLOWDOWN + extra)),
+                                    [t.tpot - least * r for t, r in zip(fitted, decode)])
+    prefill = [_parts(_prefill_time(s)) for s in sims]
+    per_prompt, extra_linear, extra_attention = nnls(
+        [[t.case.batch, lin, att] for t, (lin, att) in zip(fitted, prefill)],
+        [t.ttft - step - sample_cost * n - (lin + att)
+         for t, n, (lin, att) in zip(fitted, logits, prefill)])
+    return Efficiency(compute=share / (1 + extra_linear), attention=share / (1 + extra_attention),
+                      bandwidth=base.bandwidth / (least + extra),
                       step_overhead=step, prefill_seq_overhead=per_prompt, sample_cost=sample_cost)
 
 
@@ -303,13 +317,13 @@ def compare(hardware: Hardware, precision: str, efficiency: Efficiency,
 
 
 def default_cases(device: str) -> list[CalibrationCase]:
-    """Real 7B/8B shapes on a GPU (MHA, GQA, two vocabularies), the tiny Llama on a CPU; a few
-    runs held out of the fit to show how well it predicts what it has not seen."""
+    """Real 7B-13B shapes on a GPU (MHA and GQA, vocabularies of 32K to 152K), the tiny Llama on
+    a CPU; a few runs held out of the fit to show how well it predicts what it has not seen."""
     if device.startswith("cuda"):
-        l2, l3, qwen = (model_preset(n) for n in ("llama-2-7b", "llama-3-8b", "qwen2.5-7b"))
+        l2, l3, qwen, big = (model_preset(n) for n in ("llama-2-7b", "llama-3-8b", "qwen2.5-7b", "llama-2-13b"))
         fit = [(l2, 1, 512), (l2, 16, 512), (l2, 64, 128), (l3, 1, 2048), (l3, 4, 1024), (l3, 32, 256),
-               (qwen, 2, 512), (qwen, 16, 256)]
-        held_out = [(l2, 8, 1024), (l3, 16, 512), (qwen, 8, 2048)]
+               (qwen, 2, 512), (qwen, 16, 256), (big, 1, 512), (big, 8, 256)]
+        held_out = [(l2, 8, 1024), (l3, 16, 512), (qwen, 8, 2048), (big, 4, 1024)]
         return [CalibrationCase(m, b, p, 32) for m, b, p in fit] + \
             [CalibrationCase(m, b, p, 32, fit=False) for m, b, p in held_out]
     return [CalibrationCase(TINY_LLAMA, 1, 64, 8), CalibrationCase(TINY_LLAMA, 8, 64, 8),
@@ -345,11 +359,12 @@ def calibration_report(cal: Calibration) -> str:
         f"{100 * m.copy_bandwidth / hw.memory_bandwidth:.0f}% of {format_value(hw.memory_bandwidth, 'B/s')}",
         f"matmul       {format_value(m.matmul_flops, 'FLOP/s')} = "
         f"{100 * m.matmul_flops / peak:.0f}% of {format_value(peak, 'FLOP/s')}",
-        f"fitted       compute {e.compute:.3f}, bandwidth {e.bandwidth:.3f}, "
+        f"fitted       compute {e.compute:.3f}, attention {e.attention:.3f}, bandwidth {e.bandwidth:.3f}, "
         f"step overhead {format_value(e.step_overhead, 's')}, per prompt in a prefill "
         f"{format_value(e.prefill_seq_overhead, 's')}, host sampling {1e9 * e.sample_cost:.1f} ns "
         "per vocabulary entry",
-        f"simulate with: --compute-efficiency {e.compute:.3f} --bandwidth-efficiency {e.bandwidth:.3f} "
+        f"simulate with: --compute-efficiency {e.compute:.3f} --attention-efficiency {e.attention:.3f} "
+        f"--bandwidth-efficiency {e.bandwidth:.3f} "
         f"--step-overhead-ms {1e3 * e.step_overhead:.3f} --prefill-seq-overhead-ms "
         f"{1e3 * e.prefill_seq_overhead:.3f} --sample-ns {1e9 * e.sample_cost:.2f}",
         "",

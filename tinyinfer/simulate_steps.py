@@ -21,6 +21,7 @@ class Efficiency:
     """How close real kernels get to the datasheet; fitted by calibration, else typical values."""
 
     compute: float = 0.6  # share of peak FLOP/s that large matmuls reach (MFU)
+    attention: float = 0.6  # share of peak FLOP/s that prefill attention reaches (fused kernels)
     bandwidth: float = 0.8  # share of peak bandwidth that streaming weight reads reach
     step_overhead: float = 0.0  # seconds per step outside the roofline (launches, Python)
     prefill_seq_overhead: float = 0.0  # seconds per prompt in a prefill step (per-sequence work)
@@ -32,6 +33,7 @@ class Rates:
     """Effective machine rates and the per-step constants every step-time formula reads."""
 
     flops: Quantity
+    attention_flops: Quantity
     bandwidth: Quantity
     efficiency: Efficiency
     gpus: Quantity
@@ -43,14 +45,16 @@ class Rates:
 def rates(hw: Hardware, e: Efficiency, num_gpus: int, compute_precision: str) -> Rates:
     """Effective FLOP/s and bytes/s of `num_gpus` devices, with the constants of each step."""
     gpus = given("gpus", num_gpus, "devices")
-    flops = derive("effective_flops", "FLOP/s", "peak_flops * gpus * compute_efficiency",
-                   peak_flops=given("peak_flops", hw.peak(compute_precision), "FLOP/s",
-                                    note=f"{hw.title}, {compute_precision}"),
+    peak = given("peak_flops", hw.peak(compute_precision), "FLOP/s", note=f"{hw.title}, {compute_precision}")
+    flops = derive("effective_flops", "FLOP/s", "peak_flops * gpus * compute_efficiency", peak_flops=peak,
                    gpus=gpus, compute_efficiency=given("compute_efficiency", e.compute, "%"))
+    attention = derive("attention_flops_rate", "FLOP/s", "peak_flops * gpus * attention_efficiency",
+                       peak_flops=peak, gpus=gpus,
+                       attention_efficiency=given("attention_efficiency", e.attention, "%"))
     bandwidth = derive("effective_bandwidth", "B/s", "bandwidth * gpus * bandwidth_efficiency",
                        bandwidth=given("bandwidth", hw.memory_bandwidth, "B/s", note=hw.title),
                        gpus=gpus, bandwidth_efficiency=given("bandwidth_efficiency", e.bandwidth, "%"))
-    return Rates(flops, bandwidth, e, gpus,
+    return Rates(flops, attention, bandwidth, e, gpus,
                  given("link_bandwidth", hw.link_bandwidth, "B/s", note="one way, per device"),
                  given("link_latency", hw.link_latency, "s", note="per all-reduce"),
                  given("activation_bytes", 4 if compute_precision == "fp32" else 2, "B"))
@@ -73,10 +77,10 @@ def pass_time(label: str, w: Work, config: ModelConfig, r: Rates) -> tuple[Quant
     """Time of one forward pass: linear layers and attention each take the slower of compute and
     memory (they are separate kernels), plus communication and fixed overhead."""
     parts = {}
-    for part, flops, nbytes in (("linear", w.matmul_flops, w.weights_read),
-                                ("attention", w.attention_flops, w.kv_bytes)):
+    for part, flops, rate, nbytes in (("linear", w.matmul_flops, r.flops, w.weights_read),
+                                      ("attention", w.attention_flops, r.attention_flops, w.kv_bytes)):
         compute = derive(f"{label}_{part}_compute_time", "s", "flops / effective_flops",
-                         flops=flops, effective_flops=r.flops)
+                         flops=flops, effective_flops=rate)
         memory = derive(f"{label}_{part}_memory_time", "s", "bytes / effective_bandwidth",
                         bytes=nbytes, effective_bandwidth=r.bandwidth)
         parts[part] = derive(f"{label}_{part}_time", "s", "max(compute_time, memory_time)",

@@ -227,10 +227,9 @@ async def test_replay_steps_through_a_recorded_run(model, tmp_path):
         await press(pilot, "space", "space", "space")
         assert screen.session.at_end and screen.frame.steps_done == 3
         assert "layer 1/2" in shown(screen.query_one(AttentionPanel))
-        await press(pilot, "a")
-        assert isinstance(pilot.app.screen, PromptScreen)
-        await press(pilot, "enter")
-        assert len(screen.session.frames) == 4, "a replay must not grow new frames"
+        await press(pilot, "a", "n", "x", "d")
+        assert pilot.app.screen is screen, "a replay has no engine to change"
+        assert len(screen.session.frames) == 4 and screen.session.engine is None
 
 
 async def test_a_missing_model_says_why_on_the_loading_screen(tmp_path):

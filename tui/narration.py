@@ -45,10 +45,12 @@ def _start(frame: Frame, intro: str) -> Narration:
         return Narration("Replay of a recorded run", "This is a replay of a recorded trace: no "
                          "model is loaded. Press space to step through it, b to step back.",
                          "timeline")
-    first = frame.seqs[0]
-    body = (f"{intro} The prompt became {len(first.prompt)} tokens (each colour in the Prompt "
-            "panel is one token; press i to see their ids). The model only ever sees these ids. "
-            "Nothing has run yet: press space to run the first engine step.")
+    sizes = [len(s.prompt) for s in frame.seqs]
+    became = (f"The prompt became {sizes[0]} tokens" if len(sizes) == 1 else
+              f"The {len(sizes)} prompts that arrive first became {', '.join(map(str, sizes))} tokens")
+    body = (f"{intro} {became} (each colour in the Prompt panel is one token; press i to see "
+            "their ids). The model only ever sees these ids. Nothing has run yet: press space to "
+            "run the first engine step.")
     return Narration("Tokenize", body, "tokens")
 
 

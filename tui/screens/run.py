@@ -251,15 +251,18 @@ class RunScreen(Screen):
         self.session.cursor = len(self.session.frames) - 1
         self.show_frame()
 
-    async def _idle(self) -> bool:
-        """Stop running and wait for a step in flight; False (with a note) for a replay."""
-        self.running = False
-        if self._job is not None:
-            await self._job.wait()
+    def _live(self) -> bool:
+        """Whether there is an engine to change; a replay says why not."""
         if not self.session.is_live:
             self.notify("This is a recorded run: there is no model to run new requests.",
                         severity="warning")
         return self.session.is_live
+
+    async def _idle(self) -> None:
+        """Stop running and wait for a step in flight, so the engine can be changed."""
+        self.running = False
+        if self._job is not None:
+            await self._job.wait()
 
     # ------------------------------------------------------------------ requests
 
@@ -268,24 +271,28 @@ class RunScreen(Screen):
         return SUGGESTIONS[self._suggestion % len(SUGGESTIONS)]
 
     def action_new_prompt(self) -> None:
-        self.app.push_screen(PromptScreen("New prompt (starts a fresh engine)", self._suggest()),
-                             self._new_prompt)
+        if self._live():
+            self.app.push_screen(
+                PromptScreen("New prompt (starts a fresh engine)", self._suggest()), self._new_prompt)
 
     async def _new_prompt(self, prompt: str | None) -> None:
-        if prompt is None or not await self._idle():
+        if prompt is None:
             return
+        await self._idle()
         try:
             self.adopt(self.session.restart(prompt))
         except TinyInferError as exc:
             self.notify(str(exc), title="Cannot start that prompt", severity="error")
 
     def action_add_request(self) -> None:
-        self.app.push_screen(PromptScreen("Add a request to the running batch", self._suggest()),
-                             self._add_request)
+        if self._live():
+            self.app.push_screen(
+                PromptScreen("Add a request to the running batch", self._suggest()), self._add_request)
 
     async def _add_request(self, prompt: str | None) -> None:
-        if prompt is None or not await self._idle():
+        if prompt is None:
             return
+        await self._idle()
         try:
             self.session.add_request(prompt, self.session.next_params(self.sampling))
         except TinyInferError as exc:
@@ -298,14 +305,16 @@ class RunScreen(Screen):
         if seq is None or seq.state == "finished":
             self.notify("No unfinished sequence to abort: f chooses one.", severity="warning")
             return
-        if not await self._idle():
+        if not self._live():
             return
+        await self._idle()
         self.session.abort(seq.request_id)
         self.show_frame()
 
     async def action_toggle_speculative(self) -> None:
-        if not await self._idle():
+        if not self._live():
             return
+        await self._idle()
         speculation = self.session.speculation
         on = speculation is not None and not speculation.on
         try:

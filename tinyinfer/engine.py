@@ -106,6 +106,8 @@ class Engine:
             self.pool,
         )
         self.kv_cache = model.runner.new_kv_cache(num_pages, block_size)
+        itemsize = int(getattr(getattr(model.runner, "dtype", None), "itemsize", 4))
+        self.page_bytes = config.kv_bytes_per_token(itemsize) * block_size
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self._rng = np.random.default_rng(seed)
@@ -263,7 +265,8 @@ class Engine:
             request.metrics.cached_tokens = chunk.cached_tokens
         request.metrics.num_preemptions = seq.num_preemptions
         return dict(seq_id=seq.seq_id, request_id=seq.request_id, kind=chunk.kind,
-                    start=chunk.start, end=chunk.end, cached_tokens=chunk.cached_tokens)
+                    start=chunk.start, end=chunk.end, cached_tokens=chunk.cached_tokens,
+                    token_ids=tuple(seq.all_ids[chunk.start:chunk.end]))
 
     def _advance(self, chunk: Chunk, logits: np.ndarray) -> tuple[SeqStep, list[int]]:
         """Record a computed chunk; if it reached the end, sample and apply stop rules."""
@@ -391,7 +394,13 @@ class Engine:
             used=snap.num_used, free=snap.num_free, cached=snap.num_cached,
             owners=tuple(p.owners for p in snap.pages),
             cached_pages=tuple(p.page_id for p in snap.pages if p.cached),
+            page_bytes=self.page_bytes, prefix_hits=snap.prefix_hits,
+            prefix_queries=snap.prefix_queries,
         )
+
+    def seq_id(self, request_id: str) -> int:
+        """The sequence id traces use for a request."""
+        return self._requests[request_id].seq.seq_id
 
     # ------------------------------------------------------------------ conveniences
 

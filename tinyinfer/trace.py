@@ -30,6 +30,7 @@ class SeqStep:
     start: int  # first position computed this step
     end: int  # one past the last position computed
     cached_tokens: int = 0  # prompt tokens skipped thanks to the prefix cache (on admission)
+    token_ids: tuple[int, ...] = ()  # the ids at positions [start, end) fed to the model
     token_id: int | None = None  # the sampled token, if this chunk reached the end
     token_text: str = ""
     logprob: float | None = None
@@ -56,6 +57,9 @@ class PoolView:
     cached: int
     owners: tuple[tuple[int, ...], ...]  # per page: seq ids referencing it
     cached_pages: tuple[int, ...]  # pages carrying a prefix hash
+    page_bytes: int = 0  # K and V bytes of one page across all layers, in the runner's dtype
+    prefix_hits: int = 0  # prompt tokens served from the prefix cache so far
+    prefix_queries: int = 0  # prompt tokens looked up so far
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ def _step_from_dict(d: dict[str, Any]) -> StepTrace:
     seqs = tuple(
         SeqStep(**{**s, "candidates": tuple(Candidate(**c) for c in s["candidates"]),
                    "draft_tokens": tuple(s["draft_tokens"]), "emitted": tuple(s["emitted"]),
+                   "token_ids": tuple(s["token_ids"]),
                    "top_logits": tuple(tuple(x) for x in s["top_logits"]),
                    "attention": tuple(tuple(tuple(h) for h in layer) for layer in s["attention"])})
         for s in d["seqs"]

@@ -7,7 +7,9 @@ import sys
 import time
 from typing import Sequence
 
+from tinyinfer import cli_lesson, cli_serve, cli_simulate
 from tinyinfer.errors import TinyInferError
+from tui import cli as tui_cli
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--system-tokens", type=int, default=512, help="shared prefix length (prefix)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--json", default=None, help="also write the results as JSON to this file")
+    for module in FRONT_ENDS.values():
+        module.add_parser(sub)
     return parser
 
 
@@ -167,7 +171,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "info": cmd_info, "bench": cmd_bench}
+FRONT_ENDS = {"serve": cli_serve, "tui": tui_cli, "lesson": cli_lesson, "simulate": cli_simulate}
+COMMANDS = {"generate": cmd_generate, "info": cmd_info, "bench": cmd_bench,
+            **{name: module.run for name, module in FRONT_ENDS.items()}}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -190,3 +190,19 @@ def test_triton_decode_kernel_matches_torch_version_in_interpreter():
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_forward_top_agrees_with_full_logits(oracle_model):
+    """The on-device top-k reduction the engine uses for greedy rows matches the full logits."""
+    from tinyinfer.model.runner import make_batch
+
+    folder, _ = oracle_model("llama-gqa-untied")
+    runner = tinyinfer.load(folder, runner="torch").runner
+    ids = list(range(3, 40))
+    batch = make_batch([(ids, 0, [0, 1, 2], True)], 16)
+    full = runner.forward(batch, runner.new_kv_cache(3, 16))
+    top = runner.forward_top(batch, runner.new_kv_cache(3, 16), 5)
+    assert (top.ids[:, 0] == full.argmax(axis=1)).all()
+    np.testing.assert_allclose(top.values[:, 0], full.max(axis=1), rtol=1e-6)
+    lse = np.log(np.exp(full - full.max(1, keepdims=True)).sum(1)) + full.max(1)
+    np.testing.assert_allclose(top.logsumexp, lse, rtol=1e-5)

@@ -12,7 +12,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence as Seq
+from typing import Callable, Iterator, Sequence as Seq
 
 import numpy as np
 
@@ -20,15 +20,26 @@ from tinyinfer.errors import ContextOverflowError, OutOfPagesError, PromptError,
 from tinyinfer.kv import PagePool
 from tinyinfer.loading import Model, check_token_ids
 from tinyinfer.model.runner import make_batch
-from tinyinfer.sampling import SamplingParams, TokenChoice, find_stop, sample_next, stop_holdback
+from tinyinfer.sampling import (
+    SamplingParams,
+    TokenChoice,
+    find_stop,
+    greedy_choice_from_top,
+    is_plain_greedy,
+    sample_next,
+    stop_holdback,
+)
 from tinyinfer.speculative import Draft, Drafter, SpeculativeStats, verify
-from tinyinfer.scheduler import Chunk, Scheduler, SchedulerConfig, Sequence
+from tinyinfer.scheduler import Chunk, Scheduler, SchedulerConfig, SchedulerOutput, Sequence
 from tinyinfer.tokenizer import IncrementalDecoder
 from tinyinfer.trace import Candidate, PoolView, SeqStep, StepTrace
 
 DEFAULT_KV_MEMORY = 256 * 1024 * 1024
-DETAIL_LEVELS = ("basic", "full")
+# "none": no pool view in traces (benchmarks, serving); "basic": pool view and candidates;
+# "full": also raw top logits and reference attention weights.
+DETAIL_LEVELS = ("none", "basic", "full")
 TOP_LOGITS = 64
+TOP_FOR_GREEDY = 20
 
 
 @dataclass
@@ -197,24 +208,30 @@ class Engine:
         t1 = time.perf_counter()
         drafts = self._draft(out.chunks)
         t2 = time.perf_counter()
+        if not drafts and self._greedy_only(out.chunks):
+            steps, freed, t3 = self._greedy_step(out.chunks)
+            return self._finish_step(out, steps, freed, t0, t1, t2, t3)
         logits, rows = self._forward(out.chunks, drafts)
         t3 = time.perf_counter()
-        steps, finished, freed = [], [], []
+        steps, freed = [], []
         for chunk, rows_of_chunk in zip(out.chunks, rows):
             draft = drafts.get(chunk.seq.seq_id)
             if draft is not None:
                 seq_step, pages, last = self._advance_speculative(chunk, draft, logits[rows_of_chunk])
             else:
-                seq_step, pages = self._advance(chunk, logits[rows_of_chunk.stop - 1])
                 last = rows_of_chunk.stop - 1
+                seq_step, pages = self._advance(chunk, self._sampler(chunk.seq, logits[last]))
             if self.detail == "full":
                 seq_step = self._with_detail(seq_step, len(steps), logits[last])
             steps.append(seq_step)
-            if seq_step.finish_reason is not None:
-                finished.append(chunk.seq.seq_id)
-                freed += pages
+            freed += pages
+        return self._finish_step(out, steps, freed, t0, t1, t2, t3)
+
+    def _finish_step(self, out: SchedulerOutput, steps: list[SeqStep], freed: list[int],
+                     t0: float, t1: float, t2: float, t3: float) -> StepTrace:
         t4 = time.perf_counter()
         self.step_count += 1
+        finished = [s.seq_id for s in steps if s.finish_reason is not None]
         timings = {"schedule": t1 - t0, "forward": t3 - t2, "sample": t4 - t3}
         if self.drafter is not None:
             timings["draft"] = t2 - t1
@@ -230,9 +247,32 @@ class Engine:
             num_batched_tokens=sum(s.end - s.start for s in steps),
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
-            pool=self.pool_view(),
+            pool=self.pool_view() if self.detail != "none" else None,
             timings=timings,
         )
+
+    def _greedy_only(self, chunks: list[Chunk]) -> bool:
+        """True when the runner can reduce logits on its side and every row is plain greedy."""
+        return (bool(chunks) and self.detail != "full" and hasattr(self.model.runner, "forward_top")
+                and all(is_plain_greedy(c.seq.params, len(c.seq.output_ids), TOP_FOR_GREEDY)
+                        for c in chunks))
+
+    def _greedy_step(self, chunks: list[Chunk]) -> tuple[list[SeqStep], list[int], float]:
+        """Forward with top-k logits only (no [R, V] transfer), then pick each argmax."""
+        entries = [(c.seq.all_ids[c.start:c.end], c.start, self.pool.block_table(c.seq.seq_id), False)
+                   for c in chunks]
+        top = self.model.runner.forward_top(make_batch(entries, self.pool.block_size),
+                                            self.kv_cache, TOP_FOR_GREEDY)
+        t3 = time.perf_counter()
+        steps, freed = [], []
+        for row, chunk in enumerate(chunks):
+            def choose(seq: Sequence = chunk.seq, row: int = row) -> TokenChoice:
+                return greedy_choice_from_top(top.ids[row], top.values[row],
+                                              float(top.logsumexp[row]), seq.params)
+            seq_step, pages = self._advance(chunk, choose)
+            steps.append(seq_step)
+            freed += pages
+        return steps, freed, t3
 
     def _draft(self, chunks: list[Chunk]) -> dict[int, Draft]:
         """Ask the drafter for guesses for every decoding sequence (speculative mode only)."""
@@ -268,17 +308,22 @@ class Engine:
                     start=chunk.start, end=chunk.end, cached_tokens=chunk.cached_tokens,
                     token_ids=tuple(seq.all_ids[chunk.start:chunk.end]))
 
-    def _advance(self, chunk: Chunk, logits: np.ndarray) -> tuple[SeqStep, list[int]]:
-        """Record a computed chunk; if it reached the end, sample and apply stop rules."""
+    def _sampler(self, seq: Sequence, logits: np.ndarray) -> Callable[[], TokenChoice]:
+        """How to choose a sequence's next token from its full logits row [V]."""
+        eos = self.model.eos_token_ids
+        return lambda: sample_next(logits, seq.params, seq.prompt_ids, seq.output_ids, seq.rng,
+                                   eos_token_id=eos[0] if eos else None)
+
+    def _advance(self, chunk: Chunk,
+                 choose: Callable[[], TokenChoice]) -> tuple[SeqStep, list[int]]:
+        """Record a computed chunk; if it reached the end, choose a token and apply stop rules."""
         seq = chunk.seq
         base = self._base_step(chunk)
         seq.num_computed = chunk.end
         self.pool.commit(seq.seq_id, seq.all_ids[:chunk.end])
         if not chunk.samples:
             return SeqStep(**base), []
-        eos = self.model.eos_token_ids
-        choice = sample_next(logits, seq.params, seq.prompt_ids, seq.output_ids, seq.rng,
-                             eos_token_id=eos[0] if eos else None)
+        choice = choose()
         token_text, reason = self._accept(seq, choice)
         pages = self._finish(seq, reason) if reason is not None else []
         return SeqStep(**base, token_id=choice.token_id, token_text=token_text,
@@ -380,7 +425,7 @@ class Engine:
             seq_step, top_logits=tuple((int(t), float(logits[t])) for t in top), attention=attention)
 
     def _candidates(self, choice: TokenChoice) -> tuple[Candidate, ...]:
-        tokenizer = self.model._tokenizer
+        tokenizer = self.model._tokenizer if self.detail != "none" else None
         def text(token_id: int) -> str:
             if tokenizer is None:
                 return ""

@@ -331,6 +331,24 @@ def describe_choice(
     )
 
 
+def is_plain_greedy(params: SamplingParams, num_output: int, k: int) -> bool:
+    """Whether the top-k logits alone decide this token: greedy, no penalties, no masking."""
+    return (params.greedy and params.repetition_penalty == 1.0 and params.presence_penalty == 0.0
+            and params.frequency_penalty == 0.0 and num_output >= params.min_tokens
+            and (params.logprobs or 0) <= k)
+
+
+def greedy_choice_from_top(ids: np.ndarray, values: np.ndarray, logsumexp: float,
+                           params: SamplingParams) -> TokenChoice:
+    """The greedy token from one row's top-k logits [k] (largest first) and its log-sum-exp."""
+    token = int(ids[0])
+    n = params.logprobs or 0
+    return TokenChoice(
+        token_id=token, logprob=float(values[0] - logsumexp), top=((token, 1.0),),
+        top_logprobs=tuple((int(i), float(v - logsumexp)) for i, v in zip(ids[:n], values[:n])),
+    )
+
+
 def sample_next(
     logits: np.ndarray,
     params: SamplingParams,

@@ -75,6 +75,19 @@ def make_batch(
     )
 
 
+@dataclass(frozen=True)
+class TopLogits:
+    """The k largest logits of each row and each row's log-sum-exp: all greedy decoding needs.
+
+    A runner on a GPU can reduce [R, V] logits to this on the device, so that a large
+    vocabulary never crosses to the host (see ``forward_top``).
+    """
+
+    ids: np.ndarray  # [R, k] int64, most likely first
+    values: np.ndarray  # [R, k] float32 raw logits
+    logsumexp: np.ndarray  # [R] float32
+
+
 class ModelRunner(Protocol):
     """The interface both runners implement; the engine only ever talks to this."""
 
@@ -89,3 +102,6 @@ class ModelRunner(Protocol):
 
     def copy_page(self, kv_cache: Any, src: int, dst: int) -> None:
         """Copy one page's K/V (all layers), for sequences forked from a shared prefix."""
+
+    # Optional: ``forward_top(batch, kv_cache, k) -> TopLogits`` — the same forward pass, with
+    # logits reduced to their top k per row. The engine uses it when every row is plain greedy.

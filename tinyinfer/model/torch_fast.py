@@ -28,7 +28,7 @@ from torch import Tensor
 from tinyinfer.config import ModelConfig, rope_inverse_frequencies
 from tinyinfer.errors import TinyInferError
 from tinyinfer.model import torch_layers as layers
-from tinyinfer.model.runner import Batch
+from tinyinfer.model.runner import Batch, TopLogits
 from tinyinfer.model.torch_graphs import DecodeGraphs
 from tinyinfer.model.torch_weights import DeviceWeights, pick_device, pick_dtype
 
@@ -154,9 +154,20 @@ class TorchRunner:
         kv_cache.k[:, dst].copy_(kv_cache.k[:, src])
         kv_cache.v[:, dst].copy_(kv_cache.v[:, src])
 
-    @torch.no_grad()
     def forward(self, batch: Batch, kv_cache: TorchKVCache) -> np.ndarray:
         """Run one mixed batch; write its K/V into the pages; return float32 logits [R, V]."""
+        return self._device_logits(batch, kv_cache).float().cpu().numpy()
+
+    def forward_top(self, batch: Batch, kv_cache: TorchKVCache, k: int) -> TopLogits:
+        """The same forward pass, reducing logits to their top k per row on the device."""
+        logits = self._device_logits(batch, kv_cache).float()  # [R, V]
+        values, ids = torch.topk(logits, k, dim=-1)
+        lse = torch.logsumexp(logits, dim=-1)
+        return TopLogits(ids.cpu().numpy(), values.cpu().numpy(), lse.cpu().numpy())
+
+    @torch.no_grad()
+    def _device_logits(self, batch: Batch, kv_cache: TorchKVCache) -> Tensor:
+        """Logits [R, V] left on the device: through a CUDA graph for decode batches if captured."""
         if batch.num_tokens == batch.num_seqs:
             self._announce_compile()
         graphs = self._decode_graphs(batch, kv_cache)
@@ -165,7 +176,7 @@ class TorchRunner:
             if size is not None:
                 return graphs.run(batch, size)
         step = self._step_inputs(batch, kv_cache.block_size)
-        return self._forward_step(step, kv_cache).cpu().numpy()
+        return self._forward_step(step, kv_cache)
 
     # ------------------------------------------------------------------ the model
 

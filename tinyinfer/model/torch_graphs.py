@@ -44,7 +44,6 @@ class DecodeGraphs:
         self.host = torch.zeros(size, dtype=torch.int64, pin_memory=True)
         self.host_array = self.host.numpy()  # the same pinned memory, written from NumPy
         self.inputs = torch.zeros(size, dtype=torch.int64, device=device)
-        self.logits_host: Tensor | None = None
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.pool = None
 
@@ -70,21 +69,18 @@ class DecodeGraphs:
         tables[n:, 0] = self.scratch_page
         return 3 * self.max_batch + size * self.table_width
 
-    def run(self, batch: Batch, size: int) -> np.ndarray:
-        """Decode one batch through the graph for `size` rows (captured first if new). -> [B, V]."""
+    def run(self, batch: Batch, size: int) -> Tensor:
+        """Decode one batch through the graph for `size` rows (captured first if new).
+
+        Returns the graph's own logits buffer [B, V] on the device, valid until the next replay.
+        """
         used = self._stage(batch, size)
         self.inputs[:used].copy_(self.host[:used], non_blocking=True)
         if size not in self.graphs:
             self.graphs[size] = self._capture(size)
         graph, logits = self.graphs[size]
         graph.replay()
-        if self.logits_host is None:
-            self.logits_host = torch.empty((self.max_batch, logits.shape[1]), dtype=torch.float32,
-                                           pin_memory=True)
-        out = self.logits_host[:batch.num_seqs]
-        out.copy_(logits[:batch.num_seqs], non_blocking=True)
-        torch.cuda.current_stream().synchronize()
-        return out.numpy().copy()
+        return logits[:batch.num_seqs]
 
     def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         """Warm up (compiling if asked) on a side stream, then record the step for `size` rows.

@@ -449,3 +449,28 @@ def test_find_stop(text, stops, expected):
 )
 def test_stop_holdback(text, stops, expected):
     assert stop_holdback(text, stops) == expected
+
+
+@pytest.mark.parametrize("logprobs", [None, 0, 3])
+def test_greedy_shortcuts_equal_the_full_pipeline(logprobs):
+    """The engine's greedy fast paths (full row, or top-k from the device) report the same choice."""
+    from tinyinfer.sampling import greedy_choice, greedy_choice_from_top, is_plain_greedy
+
+    rng = np.random.default_rng(5)
+    logits = rng.normal(size=500).astype(np.float32) * 4
+    params = SamplingParams(temperature=0, logprobs=logprobs)
+    assert is_plain_greedy(params, 0, 20)
+    full = sample_next(logits, params, [1, 2], [], np.random.default_rng(0))
+    quick = greedy_choice(logits, params)
+    assert (quick.token_id, quick.top) == (full.token_id, full.top)
+    assert quick.logprob == pytest.approx(full.logprob, rel=1e-9)
+    assert [t for t, _ in quick.top_logprobs] == [t for t, _ in full.top_logprobs]
+    assert [v for _, v in quick.top_logprobs] == pytest.approx([v for _, v in full.top_logprobs])
+    order = np.argsort(-logits)[:20]
+    lse = float(np.log(np.exp(logits.astype(np.float64) - logits.max()).sum()) + logits.max())
+    from_top = greedy_choice_from_top(order, logits[order], lse, params)
+    assert from_top.token_id == full.token_id and from_top.top == full.top
+    assert from_top.logprob == pytest.approx(full.logprob, rel=1e-6)
+    assert [t for t, _ in from_top.top_logprobs] == [t for t, _ in full.top_logprobs]
+    assert not is_plain_greedy(SamplingParams(temperature=0, repetition_penalty=1.2), 0, 20)
+    assert not is_plain_greedy(SamplingParams(temperature=0.5), 0, 20)

@@ -50,12 +50,22 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="architecture, parameters, weight and KV-cache memory")
     _add_model_args(info)
     bench = sub.add_parser("bench", help="measure the engine on reproducible synthetic workloads")
-    bench.add_argument("workload", choices=("batching", "prefix"),
+    bench.add_argument("workload", choices=("batching", "prefix", "latency", "throughput"),
                        help="batching: continuous vs static, paged vs contiguous (C8, C9); "
-                            "prefix: TTFT with and without a prefix-cache hit (C17)")
+                            "prefix: TTFT with and without a prefix-cache hit (C17); "
+                            "latency: batch-1 TTFT/TPOT and %% of the memory roofline (C2); "
+                            "throughput: 256 requests of 100-1024 tokens (C13)")
     _add_model_args(bench)
-    bench.add_argument("--requests", type=int, default=200, help="requests in the batching workload")
-    bench.add_argument("--max-num-seqs", type=int, default=16, help="concurrent sequences")
+    bench.add_argument("--preset", default=None,
+                       help="random weights of a real shape instead of --model: "
+                            "gpt2, llama-3.2-1b, qwen2.5-0.5b, llama-3-8b (torch runner)")
+    bench.add_argument("--peer", choices=("transformers",), default=None,
+                       help="also run Hugging Face transformers generate on the same weights")
+    bench.add_argument("--requests", type=int, default=None,
+                       help="requests (batching: 200, throughput: 256)")
+    bench.add_argument("--max-num-seqs", type=int, default=None, help="concurrent sequences")
+    bench.add_argument("--prompt-tokens", type=int, default=512, help="prompt length (latency)")
+    bench.add_argument("--decode-tokens", type=int, default=128, help="tokens decoded (latency)")
     bench.add_argument("--system-tokens", type=int, default=512, help="shared prefix length (prefix)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--json", default=None, help="also write the results as JSON to this file")
@@ -65,23 +75,70 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.workload in ("latency", "throughput"):
+        return _bench_shapes(args)
     import tinyinfer
     from tinyinfer import bench
 
     model = tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype)
     print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)
     if args.workload == "batching":
-        results = bench.bench_batching(model, args.requests, args.max_num_seqs, seed=args.seed)
+        results = bench.bench_batching(model, args.requests or 200, args.max_num_seqs or 16,
+                                       seed=args.seed)
         print(bench.batching_table(results))
     else:
         results = bench.bench_prefix(model, system_tokens=args.system_tokens, seed=args.seed)
         print(f"shared prefix {results.system_tokens} tokens: TTFT miss {results.ttft_miss_ms:.1f} ms, "
               f"hit {results.ttft_hit_ms:.1f} ms ({results.cached_tokens} tokens cached), "
               f"{results.speedup:.1f}x faster")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            f.write(bench.to_json(results))
+    _write_json(args.json, bench.to_json(results))
     return 0
+
+
+def _bench_shapes(args: argparse.Namespace) -> int:
+    """latency / throughput: a preset shape (random weights) or a model folder, plus a peer."""
+    import json
+
+    from tinyinfer import bench_shapes as bs
+
+    with_peer = args.peer == "transformers"
+    if args.preset:
+        device = args.device or _default_device()
+        model, peer = bs.shape_models(args.preset, device, args.dtype or _default_dtype(device),
+                                      with_peer=with_peer)
+    else:
+        model, peer = bs.folder_models(args.model, args.runner, args.device, args.dtype, with_peer)
+    print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)
+    if args.workload == "latency":
+        results = [bs.bench_latency(model, args.prompt_tokens, args.decode_tokens)]
+        if peer is not None:
+            results.append(bs.peer_latency(peer, model.config.vocab_size, args.prompt_tokens,
+                                           args.decode_tokens))
+        print(bs.latency_table(results))
+    else:
+        workload = bs.offline_workload(args.requests or 256, model.config.vocab_size, seed=args.seed)
+        results = [bs.bench_throughput(model, workload, max_num_seqs=args.max_num_seqs or 256)]
+        if peer is not None:
+            results.append(bs.peer_throughput(peer, workload))
+        print(bs.throughput_table(results))
+    _write_json(args.json, json.dumps([bs.as_dict(r) for r in results], indent=2))
+    return 0
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _default_dtype(device: str) -> str:
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
+def _write_json(path: str | None, text: str) -> None:
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

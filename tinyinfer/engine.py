@@ -21,9 +21,11 @@ from tinyinfer.kv import PagePool
 from tinyinfer.loading import Model, check_token_ids
 from tinyinfer.model.runner import make_batch
 from tinyinfer.sampling import (
+    MAX_LOGPROBS,
     SamplingParams,
     TokenChoice,
     find_stop,
+    greedy_choice,
     greedy_choice_from_top,
     is_plain_greedy,
     sample_next,
@@ -310,6 +312,8 @@ class Engine:
 
     def _sampler(self, seq: Sequence, logits: np.ndarray) -> Callable[[], TokenChoice]:
         """How to choose a sequence's next token from its full logits row [V]."""
+        if is_plain_greedy(seq.params, len(seq.output_ids), MAX_LOGPROBS):
+            return lambda: greedy_choice(logits, seq.params)
         eos = self.model.eos_token_ids
         return lambda: sample_next(logits, seq.params, seq.prompt_ids, seq.output_ids, seq.rng,
                                    eos_token_id=eos[0] if eos else None)

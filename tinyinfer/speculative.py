@@ -22,8 +22,11 @@ from tinyinfer.kv import PagePool
 from tinyinfer.loading import Model
 from tinyinfer.model.runner import make_batch
 from tinyinfer.sampling import (
+    MAX_LOGPROBS,
     TokenChoice,
     describe_choice,
+    greedy_choice,
+    is_plain_greedy,
     processed_probs,
     sample_from_probs,
 )
@@ -158,6 +161,16 @@ def verify(logits: np.ndarray, draft: Draft, seq: Sequence,
     """Apply the exact acceptance rule.  logits: [len(draft) + 1, V] target rows."""
     params, result = seq.params, Verification()
     history = list(seq.output_ids)
+    if is_plain_greedy(params, len(history), MAX_LOGPROBS):
+        # Greedy: keep guesses while they equal the target's argmax (no distributions needed).
+        for i, d in enumerate(draft.tokens):
+            choice = greedy_choice(logits[i], params)
+            result.choices.append(choice)
+            if choice.token_id != d:
+                return result
+            result.accepted += 1
+        result.choices.append(greedy_choice(logits[len(draft.tokens)], params))
+        return result
     for i, d in enumerate(draft.tokens):
         p = processed_probs(logits[i], params, seq.prompt_ids, history, eos_token_id=eos_token_id)
         q = _draft_probs(draft, i, p.size)

@@ -1,0 +1,303 @@
+"""Latency and throughput of real model shapes, against the memory roofline and transformers.
+
+Presets are published configs with random weights (a shape costs the same to run whatever
+its weights), so a GPU can be measured without downloading a checkpoint. The same weights
+can be handed to Hugging Face ``transformers`` for a side-by-side peer in the same process.
+
+* latency: batch 1 — time to first token for a prompt, then time per output token; the
+  decode roofline is bytes read per step (weights + KV) over the measured copy bandwidth.
+* throughput: many requests at once (nano-vllm's offline workload: prompt and output
+  lengths uniform in 100..1024), output tokens per second of wall-clock time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tinyinfer.bench import Request
+from tinyinfer.config import ModelConfig
+from tinyinfer.engine import Engine
+from tinyinfer.errors import TinyInferError
+from tinyinfer.loading import Model, load, resolve_source
+from tinyinfer.sampling import SamplingParams
+from tinyinfer.simulate_presets import MODEL_CONFIGS
+
+BENCH_SHAPES = ("gpt2", "llama-3.2-1b", "qwen2.5-0.5b", "llama-3-8b")
+
+
+def shape_config(name: str, max_len: int) -> tuple[ModelConfig, dict[str, Any]]:
+    """A preset's config with its context cut to max_len (the benchmark never goes further)."""
+    from tinyinfer.config import config_from_dict
+
+    if name not in MODEL_CONFIGS:
+        raise TinyInferError(f"unknown shape {name!r}: use one of {', '.join(BENCH_SHAPES)}")
+    raw = dict(MODEL_CONFIGS[name][2])
+    key = "n_positions" if raw["model_type"] == "gpt2" else "max_position_embeddings"
+    raw[key] = min(int(raw[key]), max_len)
+    return config_from_dict(raw, source=name), raw
+
+
+def hf_model_for(raw: dict[str, Any], device: str, dtype: Any) -> Any:
+    """A randomly initialised transformers model of a preset's shape, on the device."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**raw)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
+                 with_peer: bool = False) -> tuple[Model, Any]:
+    """Our torch model of a preset shape, and (if asked) a transformers model with the same weights."""
+    import torch
+
+    from tinyinfer.model.torch_fast import TorchRunner
+    from tinyinfer.model.torch_weights import random_weights
+    from tinyinfer.weights import map_weights
+
+    config, raw = shape_config(name, max_len)
+    peer = None
+    if with_peer:
+        peer = hf_model_for(raw, device, getattr(torch, dtype))
+        state = {k: v.detach() for k, v in peer.state_dict().items()}
+        weights = map_weights(config, state, {k: name for k in state})
+    else:
+        weights = random_weights(config, device, dtype)
+    runner = TorchRunner(config, weights, device=device, dtype=dtype)
+    return Model(config=config, runner=runner, path=Path(name), name=name), peer
+
+
+def folder_models(source: str, runner: str, device: str | None, dtype: str | None,
+                  with_peer: bool) -> tuple[Model, Any]:
+    """A checkpoint folder (or bundled name) for our runner, and transformers on the same files."""
+    model = load(source, runner=runner, device=device, dtype=dtype)
+    peer = None
+    if with_peer:
+        import torch
+        import transformers
+
+        path, _ = resolve_source(source)
+        peer = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=getattr(torch, dtype or "float32")).to(device or "cpu").eval()
+    return model, peer
+
+
+def copy_bandwidth(device: str) -> float:
+    """Bytes/s of a large device-to-device copy (read + write), the roofline's denominator."""
+    import torch
+
+    n = 1 << 28 if device.startswith("cuda") else 1 << 25
+    src = torch.randn(n // 4, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(10):
+        _sync(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return 2 * n / statistics.median(times[2:])
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def weight_bytes(model: Model) -> int:
+    """Bytes of weights one decode step streams."""
+    streamed = getattr(getattr(model.runner, "w", None), "streamed_bytes", None)
+    if streamed is not None:
+        return int(streamed())
+    return int(sum(a.nbytes for a in model.runner.w.values()))
+
+
+@dataclass(frozen=True)
+class LatencyResult:
+    label: str
+    prompt_tokens: int
+    decode_tokens: int
+    ttft_ms: float
+    tpot_p50_ms: float
+    tpot_p95_ms: float
+    decode_tokens_per_s: float
+    bytes_per_step: int
+    bandwidth: float
+    roofline_pct: float
+    peak_memory: int
+
+
+def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 128,
+                  bandwidth: float | None = None, repeats: int = 3) -> LatencyResult:
+    """Batch-1 TTFT and per-token decode time through the engine (warm: one run first)."""
+    device = str(getattr(model.runner, "device", "cpu"))
+    bandwidth = bandwidth or copy_bandwidth(device if model.runner.name == "torch" else "cpu")
+    rng = np.random.default_rng(0)
+    params = SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True)
+    ttfts, tpots = [], []
+    for run in range(repeats + 1):
+        engine = Engine(model, max_num_seqs=1, max_num_batched_tokens=max(prompt_tokens, 512),
+                        detail="none")
+        engine.add_request(rng.integers(0, model.config.vocab_size, prompt_tokens).tolist(), params)
+        step_times = []
+        while engine.has_unfinished():
+            t = time.perf_counter()
+            engine.step()
+            step_times.append(time.perf_counter() - t)
+        if run:  # the first run warms up compilation, graphs and caches
+            ttfts.append(step_times[0])
+            tpots += step_times[1:]
+    itemsize = int(model.runner.dtype.itemsize)
+    kv_read = model.config.kv_bytes_per_token(itemsize) * (prompt_tokens + decode_tokens // 2)
+    bytes_per_step = weight_bytes(model) + kv_read
+    tpot = statistics.median(tpots)
+    return LatencyResult(
+        label=f"{model.name} / {model.runner.name}", prompt_tokens=prompt_tokens,
+        decode_tokens=decode_tokens, ttft_ms=1e3 * statistics.median(ttfts),
+        tpot_p50_ms=1e3 * tpot, tpot_p95_ms=1e3 * float(np.percentile(tpots, 95)),
+        decode_tokens_per_s=1 / tpot, bytes_per_step=bytes_per_step, bandwidth=bandwidth,
+        roofline_pct=100 * bytes_per_step / bandwidth / tpot, peak_memory=_peak_memory(device),
+    )
+
+
+def peer_latency(peer: Any, vocab_size: int, prompt_tokens: int = 512, decode_tokens: int = 128,
+                 repeats: int = 3) -> LatencyResult:
+    """transformers generate at batch 1: TTFT from a 1-token generate, TPOT from the rest."""
+    import torch
+
+    device = str(next(peer.parameters()).device)
+    ids = torch.tensor([np.random.default_rng(0).integers(0, vocab_size, prompt_tokens).tolist()],
+                       device=device)
+
+    def run(n: int) -> float:
+        _sync(device)
+        t = time.perf_counter()
+        with torch.no_grad():
+            peer.generate(ids, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+        _sync(device)
+        return time.perf_counter() - t
+
+    run(decode_tokens)
+    ttft = statistics.median(run(1) for _ in range(repeats))
+    full = statistics.median(run(decode_tokens) for _ in range(repeats))
+    tpot = (full - ttft) / (decode_tokens - 1)
+    return LatencyResult(
+        label="transformers generate", prompt_tokens=prompt_tokens, decode_tokens=decode_tokens,
+        ttft_ms=1e3 * ttft, tpot_p50_ms=1e3 * tpot, tpot_p95_ms=float("nan"),
+        decode_tokens_per_s=1 / tpot, bytes_per_step=0, bandwidth=0.0, roofline_pct=float("nan"),
+        peak_memory=_peak_memory(device),
+    )
+
+
+def _peak_memory(device: str) -> int:
+    import torch
+
+    return int(torch.cuda.max_memory_allocated()) if device.startswith("cuda") else 0
+
+
+def offline_workload(num_requests: int, vocab_size: int, low: int = 100, high: int = 1024,
+                     seed: int = 0) -> list[Request]:
+    """nano-vllm's offline benchmark: prompt and output lengths uniform in [low, high]."""
+    rng = np.random.default_rng(seed)
+    return [Request(tuple(rng.integers(0, vocab_size, int(rng.integers(low, high + 1))).tolist()),
+                    int(rng.integers(low, high + 1)))
+            for _ in range(num_requests)]
+
+
+@dataclass(frozen=True)
+class ThroughputResult:
+    label: str
+    requests: int
+    output_tokens: int
+    seconds: float
+    tokens_per_second: float
+
+
+def bench_throughput(model: Model, workload: list[Request], max_num_seqs: int = 256,
+                     max_num_batched_tokens: int = 8192, kv_fraction: float = 0.5) -> ThroughputResult:
+    """All requests at once through continuous batching; greedy, EOS ignored."""
+    engine = Engine(model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                    num_pages=_pages_for(model, workload, max_num_seqs, kv_fraction), detail="none")
+    start = time.perf_counter()
+    ids = [engine.add_request(list(r.prompt_ids),
+                              SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True))
+           for r in workload]
+    while engine.has_unfinished():
+        engine.step()
+    seconds = time.perf_counter() - start
+    tokens = sum(len(engine.release(i).token_ids) for i in ids)
+    return ThroughputResult(f"{model.name} / {model.runner.name}", len(workload), tokens, seconds,
+                            tokens / seconds)
+
+
+def _pages_for(model: Model, workload: list[Request], max_num_seqs: int, kv_fraction: float) -> int:
+    """Pages for max_num_seqs of the longest requests, within a share of free device memory."""
+    block = 16
+    longest = max(len(r.prompt_ids) + r.max_tokens for r in workload)
+    wanted = max_num_seqs * -(-longest // block)
+    if model.runner.name != "torch" or not str(model.runner.device).startswith("cuda"):
+        return wanted
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    page_bytes = model.config.kv_bytes_per_token(model.runner.dtype.itemsize) * block
+    return max(-(-longest // block), min(wanted, int(kv_fraction * free) // page_bytes))
+
+
+def peer_throughput(peer: Any, workload: list[Request], batch_size: int = 64) -> ThroughputResult:
+    """transformers generate over the same requests, in left-padded batches of batch_size."""
+    import torch
+
+    device = str(next(peer.parameters()).device)
+    start = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(workload), batch_size):
+        group = workload[i:i + batch_size]
+        width = max(len(r.prompt_ids) for r in group)
+        ids = torch.zeros((len(group), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, r in enumerate(group):
+            ids[row, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            mask[row, width - len(r.prompt_ids):] = 1
+        new = max(r.max_tokens for r in group)
+        with torch.no_grad():
+            peer.generate(ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                          max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
+        tokens += sum(r.max_tokens for r in group)  # only what each request asked for counts
+    _sync(device)
+    seconds = time.perf_counter() - start
+    return ThroughputResult("transformers generate", len(workload), tokens, seconds, tokens / seconds)
+
+
+def as_dict(result: Any) -> dict[str, Any]:
+    return dataclasses.asdict(result)
+
+
+def latency_table(results: list[LatencyResult]) -> str:
+    lines = [f"{'runner':<34}{'TTFT':>9}{'TPOT p50':>10}{'p95':>8}{'tok/s':>9}{'roofline':>10}"
+             f"{'peak mem':>10}"]
+    for r in results:
+        lines.append(f"{r.label:<34}{r.ttft_ms:>7.1f}ms{r.tpot_p50_ms:>8.2f}ms{r.tpot_p95_ms:>6.2f}ms"
+                     f"{r.decode_tokens_per_s:>9.1f}{r.roofline_pct:>9.1f}%"
+                     f"{r.peak_memory / 1e9:>8.2f}GB")
+    return "\n".join(lines)
+
+
+def throughput_table(results: list[ThroughputResult]) -> str:
+    base = results[-1].tokens_per_second
+    lines = [f"{'runner':<34}{'requests':>9}{'out tokens':>12}{'seconds':>9}{'tok/s':>10}{'ratio':>8}"]
+    for r in results:
+        lines.append(f"{r.label:<34}{r.requests:>9}{r.output_tokens:>12}{r.seconds:>9.1f}"
+                     f"{r.tokens_per_second:>10.1f}{r.tokens_per_second / base:>7.2f}x")
+    return "\n".join(lines)

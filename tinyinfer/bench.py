@@ -150,3 +150,74 @@ def to_json(obj: Any) -> str:
         return json.dumps([asdict(o) for o in obj], indent=2)
     return json.dumps({**asdict(obj), **({"speedup": obj.speedup} if hasattr(obj, "speedup") else {})},
                       indent=2)
+
+
+@dataclass(frozen=True)
+class SpeculativeResult:
+    drafter: str
+    num_draft: int
+    output_tokens: int
+    plain_tokens_per_second: float
+    speculative_tokens_per_second: float
+    acceptance_rate: float
+    mean_accepted: float
+    identical: bool  # greedy speculative output equals plain greedy output
+
+    @property
+    def speedup(self) -> float:
+        return self.speculative_tokens_per_second / self.plain_tokens_per_second
+
+
+PASSAGE = """To be, or not to be, that is the question:
+Whether 'tis nobler in the mind to suffer
+The slings and arrows of outrageous fortune,
+Or to take arms against a sea of troubles
+And by opposing end them. To die: to sleep;
+No more; and by a sleep to say we end
+The heart-ache and the thousand natural shocks
+That flesh is heir to."""
+SPEAKER_PROMPTS = ("ROMEO:\n", "JULIET:\nO Romeo,", "KING HENRY:\n", "HAMLET:\nTo be",
+                   "FIRST CITIZEN:\n", "LADY MACBETH:\n", "PORTIA:\n", "OTHELLO:\n")
+
+
+def speculative_prompts(model: Model, task: str, count: int = 8, seed: int = 0) -> list[list[int]]:
+    """Prompts for the speculative benchmark.
+
+    ``continue``: speakers' cues (text models) or random ids; ``rewrite``: a passage followed
+    by its own first words, so that continuing means copying — prompt lookup's best case.
+    """
+    rng = np.random.default_rng(seed)
+    vocab = model.config.vocab_size
+    if task == "continue":
+        if model.has_tokenizer:
+            return [model.tokenizer.encode(p) for p in SPEAKER_PROMPTS[:count]]
+        return [rng.integers(0, vocab, 16).tolist() for _ in range(count)]
+    if model.has_tokenizer:
+        lines = PASSAGE.splitlines()
+        passages = ["\n".join(lines[i:] + lines[:i]) for i in range(count)]
+        return [model.tokenizer.encode(f"{p}\n\n{p.splitlines()[0]}\n") for p in passages]
+    prompts = []
+    for _ in range(count):
+        passage = rng.integers(0, vocab, 200).tolist()
+        prompts.append(passage + passage[:12])
+    return prompts
+
+
+def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_tokens: int = 128,
+                      num_draft: int = 4) -> SpeculativeResult:
+    """Greedy decode of each prompt alone, plain vs speculative (warmed up once each)."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+
+    def run(engine: Engine) -> tuple[list[list[int]], float]:
+        engine.generate([prompts[0]], params)  # warm-up: compilation, graphs, caches
+        start = time.perf_counter()
+        outputs = [engine.generate([p], params)[0].token_ids for p in prompts]
+        return outputs, time.perf_counter() - start
+
+    plain, plain_s = run(Engine(model, max_num_seqs=1, detail="none"))
+    spec_engine = Engine(model, max_num_seqs=1, detail="none", drafter=drafter, num_draft=num_draft)
+    spec, spec_s = run(spec_engine)
+    tokens = sum(len(o) for o in plain)
+    stats = spec_engine.spec_stats
+    return SpeculativeResult(drafter.name, num_draft, tokens, tokens / plain_s, tokens / spec_s,
+                             stats.acceptance_rate, stats.mean_accepted, spec == plain)

@@ -50,11 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="architecture, parameters, weight and KV-cache memory")
     _add_model_args(info)
     bench = sub.add_parser("bench", help="measure the engine on reproducible synthetic workloads")
-    bench.add_argument("workload", choices=("batching", "prefix", "latency", "throughput"),
+    bench.add_argument("workload", choices=("batching", "prefix", "latency", "throughput",
+                                            "speculative"),
                        help="batching: continuous vs static, paged vs contiguous (C8, C9); "
                             "prefix: TTFT with and without a prefix-cache hit (C17); "
                             "latency: batch-1 TTFT/TPOT and %% of the memory roofline (C2); "
-                            "throughput: 256 requests of 100-1024 tokens (C13)")
+                            "throughput: 256 requests of 100-1024 tokens (C13); "
+                            "speculative: plain vs speculative greedy decode (C10)")
     _add_model_args(bench)
     bench.add_argument("--preset", default=None,
                        help="random weights of a real shape instead of --model: "
@@ -67,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompt-tokens", type=int, default=512, help="prompt length (latency)")
     bench.add_argument("--decode-tokens", type=int, default=128, help="tokens decoded (latency)")
     bench.add_argument("--system-tokens", type=int, default=512, help="shared prefix length (prefix)")
+    bench.add_argument("--speculative", choices=("draft", "lookup"), default="draft",
+                       help="drafter for the speculative workload (default: draft)")
+    bench.add_argument("--draft-model", default="bundled-draft", help="draft model (speculative)")
+    bench.add_argument("--num-draft", type=int, default=4, help="tokens drafted per step")
+    bench.add_argument("--task", choices=("continue", "rewrite"), default="continue",
+                       help="speculative prompts: continue a cue, or rewrite a given passage")
+    bench.add_argument("--max-tokens", type=int, default=128, help="tokens per prompt (speculative)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--json", default=None, help="also write the results as JSON to this file")
     for module in FRONT_ENDS.values():
@@ -75,14 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.workload in ("latency", "throughput"):
+    if args.workload in ("latency", "throughput") or args.preset:
         return _bench_shapes(args)
     import tinyinfer
     from tinyinfer import bench
 
     model = tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype)
     print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)
-    if args.workload == "batching":
+    if args.workload == "speculative":
+        results = _bench_speculative(model, args)
+    elif args.workload == "batching":
         results = bench.bench_batching(model, args.requests or 200, args.max_num_seqs or 16,
                                        seed=args.seed)
         print(bench.batching_table(results))
@@ -109,6 +120,11 @@ def _bench_shapes(args: argparse.Namespace) -> int:
     else:
         model, peer = bs.folder_models(args.model, args.runner, args.device, args.dtype, with_peer)
     print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)
+    if args.workload == "speculative":
+        from tinyinfer import bench
+
+        _write_json(args.json, bench.to_json(_bench_speculative(model, args)))
+        return 0
     if args.workload == "latency":
         results = [bs.bench_latency(model, args.prompt_tokens, args.decode_tokens)]
         if peer is not None:
@@ -123,6 +139,22 @@ def _bench_shapes(args: argparse.Namespace) -> int:
         print(bs.throughput_table(results))
     _write_json(args.json, json.dumps([bs.as_dict(r) for r in results], indent=2))
     return 0
+
+
+def _bench_speculative(model, args: argparse.Namespace):
+    """Plain vs speculative greedy decoding on the chosen prompts; prints one line."""
+    from tinyinfer import bench
+
+    args.runner = model.runner.name
+    result = bench.bench_speculative(model, make_drafter(args),
+                                     bench.speculative_prompts(model, args.task),
+                                     max_tokens=args.max_tokens, num_draft=args.num_draft)
+    print(f"{result.drafter} drafter, k={result.num_draft}, {args.task}: plain "
+          f"{result.plain_tokens_per_second:.1f} tok/s, speculative "
+          f"{result.speculative_tokens_per_second:.1f} tok/s ({result.speedup:.2f}x), acceptance "
+          f"{100 * result.acceptance_rate:.0f}%, {result.mean_accepted:.2f} accepted per verify, "
+          f"identical output: {result.identical}")
+    return result
 
 
 def _default_device() -> str:

@@ -110,7 +110,8 @@ def serve_forever(model: str, runner: str, port: int, max_num_seqs: int, max_que
     import tinyinfer
     from tinyinfer.server import ServerConfig, serve
 
-    engine = tinyinfer.Engine(tinyinfer.load(model, runner=runner), max_num_seqs=max_num_seqs)
+    engine = tinyinfer.Engine(tinyinfer.load(model, runner=runner), max_num_seqs=max_num_seqs,
+                              detail="none")
     serve(engine, ServerConfig(served_model_name="load-test", max_queue=max_queue),
           port=port, log_level="warning")
 

@@ -30,7 +30,7 @@ def model(text_model_folder):
 
 @pytest.fixture(scope="module")
 def server(model):
-    engine = tinyinfer.Engine(model, max_num_seqs=MAX_NUM_SEQS)
+    engine = tinyinfer.Engine(model, max_num_seqs=MAX_NUM_SEQS, detail="none")  # as `serve`
     with ServerThread(engine, ServerConfig(max_queue=64)) as live:
         yield live
 

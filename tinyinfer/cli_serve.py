@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_queue < 0:
         raise TinyInferError("--max-queue must be 0 or more")
     model = tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype)
-    engine = tinyinfer.Engine(model, max_num_seqs=args.max_num_seqs)
+    # detail "none": the server reads tokens from the trace, never the per-page pool view.
+    engine = tinyinfer.Engine(model, max_num_seqs=args.max_num_seqs, detail="none")
     config = ServerConfig(served_model_name=args.served_model_name, max_queue=args.max_queue,
                           request_timeout=args.request_timeout)
     print(f"serving {config.served_model_name or model.name} ({model.runner.name} runner) on "

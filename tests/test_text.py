@@ -72,3 +72,15 @@ def test_cli_errors_are_one_clear_line(text_model_folder, tmp_path):
     assert result.stderr.startswith("tinyinfer: error: model") and "Traceback" not in result.stderr
     result = run_cli("generate", "hi", "--model", str(text_model_folder), "--top-p", "0")
     assert result.returncode == 2 and "top_p" in result.stderr
+
+
+def test_padding_ids_beyond_the_tokenizer_have_no_text(model):
+    """A model whose embedding is larger than its vocabulary can emit ids without text."""
+    from tinyinfer.tokenizer import IncrementalDecoder
+
+    tok = model.tokenizer
+    decoder = IncrementalDecoder(tok)
+    assert decoder.push(tok.vocab_size + 3) == ""
+    assert decoder.push(tok.encode("To")[0]) == "To"
+    with pytest.raises(tinyinfer.TokenizerError):
+        tok.decode([tok.vocab_size + 3])

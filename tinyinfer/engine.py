@@ -433,7 +433,7 @@ class Engine:
         def text(token_id: int) -> str:
             if tokenizer is None:
                 return ""
-            return tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+            return tokenizer.generated_bytes(token_id).decode("utf-8", errors="replace")
         return tuple(Candidate(t, p, text(t)) for t, p in choice.top)
 
     def pool_view(self) -> PoolView:

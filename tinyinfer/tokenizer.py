@@ -12,6 +12,7 @@ import base64
 import binascii
 import codecs
 import json
+import numbers
 import operator
 import unicodedata
 from collections import Counter
@@ -100,6 +101,19 @@ class Tokenizer:
         """The bytes of one token, for UIs that show each token on its own."""
         return self.encoding.decode_single_token_bytes(self._check_id(token_id, "token id"))
 
+    def generated_bytes(self, token_id: int) -> bytes:
+        """Bytes of a token a model generated; b"" for ids the vocabulary lacks.
+
+        Checkpoints often pad the embedding beyond the tokenizer (Qwen2: 151936 rows, 151665
+        tokens): a sampled padding id has no text rather than being an error mid-stream.
+        """
+        try:
+            return self.token_bytes(token_id)
+        except TokenizerError:
+            if isinstance(token_id, numbers.Integral) and token_id >= 0:
+                return b""
+            raise
+
     def _check_id(self, token_id: Any, what: str) -> int:
         """``token_id`` as an int, or TokenizerError unless it names a token of this vocabulary."""
         try:
@@ -124,7 +138,7 @@ class IncrementalDecoder:
 
     def push(self, token_id: int) -> str:
         """Text completed by this token ("" while a multi-byte character is still open)."""
-        return self._utf8.decode(self._tokenizer.token_bytes(token_id))
+        return self._utf8.decode(self._tokenizer.generated_bytes(token_id))
 
     def flush(self) -> str:
         """End of stream: whatever is held back, an unfinished character shown as U+FFFD."""

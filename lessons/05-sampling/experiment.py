@@ -58,9 +58,11 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
         with students_sampler(impl, kept):
             outs = texts(m, settings, seeds, tokens)
         samples[name] = outs[0]
-        rows.append((name, len(set(outs)), float(np.mean(kept)), max(kept)))
+        rows.append((name, len(set(outs)), float(np.mean(kept)) if kept else "1 (argmax)",
+                     max(kept) if kept else 1))
     print(table(("setting", f"distinct texts of {len(seeds)}", "tokens in play (mean)", "(max)"), rows))
-    print(f"(the vocabulary has {m.config.vocab_size:,} tokens)")
+    print(f"(the vocabulary has {m.config.vocab_size:,} tokens; for plain greedy decoding the engine "
+          "takes the argmax itself and never calls a sampler)")
 
     heading("the first seed's text per setting")
     for name, text in samples.items():

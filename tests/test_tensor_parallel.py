@@ -1,0 +1,262 @@
+"""Tensor parallelism on CPU (gloo, 2 processes): the sharded model computes the plain runner's function.
+
+Each class starts one tensor-parallel model (one worker process) for all its tests and closes
+it afterwards: only one torch.distributed group can live in a process at a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+import tinyinfer
+from tinyinfer import SamplingParams, TinyInferError
+from tinyinfer.config import load_config
+from tinyinfer.loading import BUNDLED
+from tinyinfer.model.runner import make_batch
+from tinyinfer.model.torch_tp import ShardRunner, VocabShard, check_tensor_parallel, shard_weights
+from tinyinfer.tp_launch import load_tensor_parallel
+from tinyinfer.weights import load_weights
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="this torch build has no gloo backend for CPU process groups")
+
+PROMPTS = ["ROMEO:", "JULIET: O Romeo, Romeo", "To be, or not to be", "ROMEO: what light"]
+
+
+def token_prompts(model, count: int = 4, length: int = 20, seed: int = 0) -> list[list[int]]:
+    """Random token prompts (the oracle models have no tokenizer)."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, model.config.vocab_size, size=length - 3 * i).tolist() for i in range(count)]
+
+
+def assert_same_function(tp, ref, ids: list[int]) -> None:
+    """Full-sequence logits of the TP model equal the plain runner's within fp32 tolerance."""
+    got, want = tp.logits(ids), ref.logits(ids)
+    assert got.shape == want.shape == (len(ids), ref.config.vocab_size)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def generate(model, prompts, params: SamplingParams, **engine_options):
+    """Token ids of every completion, and every step's trace."""
+    engine = tinyinfer.Engine(model, **engine_options)
+    ids = [engine.add_request(p, params) for p in prompts]
+    traces = []
+    while engine.has_unfinished():
+        traces.append(engine.step())
+    return [engine.release(i).token_ids for i in ids], traces
+
+
+# ---------------------------------------------------------------------- bundled model
+
+
+@pytest.fixture(scope="class")
+def bundled_pair():
+    tp = load_tensor_parallel("bundled", tensor_parallel=2, device="cpu")
+    yield tp, tinyinfer.load("bundled", runner="torch", device="cpu")
+    tp.runner.close()
+
+
+class TestBundled:
+    """The bundled model (4 heads, 2 KV heads, tied embedding) split over 2 ranks."""
+
+    def test_logits_equal_tp1(self, bundled_pair):
+        tp, ref = bundled_pair
+        assert_same_function(tp, ref, ref.tokenizer.encode(PROMPTS[1] + ", wherefore art thou"))
+
+    def test_forward_top_merges_vocabulary_slices(self, bundled_pair):
+        tp, ref = bundled_pair
+        ids = [ref.tokenizer.encode(p) for p in PROMPTS[:2]]
+        block = 16
+        batch = make_batch([(ids[0], 0, [0, 1], False), (ids[1], 0, [2, 3], False)], block)
+        got = tp.runner.forward_top(batch, tp.runner.new_kv_cache(4, block), 20)
+        want = ref.runner.forward_top(batch, ref.runner.new_kv_cache(4, block), 20)
+        np.testing.assert_array_equal(got.ids, want.ids)
+        np.testing.assert_allclose(got.values, want.values, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(got.logsumexp, want.logsumexp, rtol=1e-5, atol=1e-4)
+
+    def test_each_rank_holds_its_kv_heads_only(self, bundled_pair):
+        tp, ref = bundled_pair
+        local = tp.runner.new_kv_cache(3, 16).local.k
+        full = ref.runner.new_kv_cache(3, 16).k
+        assert full.shape[3] == 2 and local.shape == (*full.shape[:3], 1, full.shape[4])
+        assert tp.runner.describe()["tensor_parallel"] == 2
+
+    def test_greedy_generations_identical(self, bundled_pair):
+        tp, ref = bundled_pair
+        params = SamplingParams(max_tokens=24, temperature=0)
+        got, _ = generate(tp, PROMPTS, params)
+        want, _ = generate(ref, PROMPTS, params)
+        assert got == want
+
+    def test_sampled_generations_identical(self, bundled_pair):
+        # Sampling needs full logits rows: this runs forward (the gathered [R, V]), not forward_top.
+        tp, ref = bundled_pair
+        params = SamplingParams(max_tokens=16, temperature=0.8, top_p=0.95, seed=7)
+        got, _ = generate(tp, PROMPTS[:2], params)
+        want, _ = generate(ref, PROMPTS[:2], params)
+        assert got == want
+
+    def test_chunked_prefill_and_preemption_give_same_tokens(self, bundled_pair):
+        tp, ref = bundled_pair
+        prompts = [ref.tokenizer.encode(PROMPTS[1] + " " + p) for p in PROMPTS]  # a shared prefix
+        params = SamplingParams(max_tokens=20, temperature=0)
+        options = dict(num_pages=22, block_size=4, max_num_seqs=4, max_num_batched_tokens=12)
+        got, traces = generate(tp, prompts, params, **options)
+        want, _ = generate(ref, prompts, params, **options)
+        assert got == want
+        assert any(t.preempted for t in traces), "the small pool should have forced a preemption"
+        steps = [s for t in traces for s in t.seqs]
+        assert any(s.kind == "prefill" and s.end < len(prompts[s.seq_id]) for s in steps), \
+            "a prompt should have been prefilled in several chunks"
+        assert any(t.prefix_hit_pages for t in traces), "the shared prefix should have hit the cache"
+
+    def test_copy_page_copies_every_ranks_share(self, bundled_pair):
+        tp, ref = bundled_pair
+        ids = ref.tokenizer.encode(PROMPTS[2] + PROMPTS[3])[:8]
+        block = 4
+        results = []
+        for runner in (tp.runner, ref.runner):
+            kv = runner.new_kv_cache(4, block)
+            runner.forward(make_batch([(ids[:7], 0, [0, 1], False)], block), kv)
+            runner.copy_page(kv, 1, 3)  # a fork: the second page now also lives at page 3
+            results.append(runner.forward(make_batch([(ids[7:8], 7, [0, 3], False)], block), kv))
+        np.testing.assert_allclose(results[0], results[1], rtol=1e-4, atol=1e-4)
+
+    def test_last_timings_per_rank(self, bundled_pair):
+        tp, ref = bundled_pair
+        tp.logits(ref.tokenizer.encode(PROMPTS[0]))
+        timings = tp.runner.last_timings
+        assert [t.rank for t in timings] == [0, 1]
+        layers = tp.config.num_layers
+        for t in timings:
+            assert t.num_all_reduces == 2 * layers + 1  # o and down per layer, and the embedding
+            assert t.compute_s > 0 and t.all_reduce_s > 0 and t.gather_s >= 0
+
+    def test_second_tensor_parallel_model_is_refused(self, bundled_pair):
+        with pytest.raises(TinyInferError, match="close"):
+            load_tensor_parallel("bundled", tensor_parallel=2, device="cpu")
+
+
+# ---------------------------------------------------------------------- oracle GQA model
+
+
+@pytest.fixture(scope="class")
+def gqa_pair(oracle_model):
+    folder, _ = oracle_model("llama-gqa-untied")
+    tp = load_tensor_parallel(folder, tensor_parallel=2, device="cpu")
+    yield tp, tinyinfer.load(folder, runner="torch", device="cpu")
+    tp.runner.close()
+
+
+class TestOracleGQA:
+    """A transformers Llama with GQA and an untied head: q, k, v, o, gate, up, down, lm_head all split."""
+
+    def test_logits_equal_tp1(self, gqa_pair):
+        tp, ref = gqa_pair
+        assert_same_function(tp, ref, token_prompts(ref, count=1, length=40)[0])
+
+    def test_greedy_generations_identical_with_batching(self, gqa_pair):
+        tp, ref = gqa_pair
+        params = SamplingParams(max_tokens=16, temperature=0)
+        options = dict(num_pages=16, block_size=4, max_num_seqs=3, max_num_batched_tokens=16)
+        prompts = token_prompts(ref)
+        got, traces = generate(tp, prompts, params, **options)
+        want, _ = generate(ref, prompts, params, **options)
+        assert got == want
+        assert any(t.preempted for t in traces)
+
+
+# ---------------------------------------------------------------------- GPT-2, uneven vocabulary
+
+
+@pytest.fixture(scope="class")
+def gpt2_pair(tmp_path_factory):
+    import transformers
+
+    folder = tmp_path_factory.mktemp("gpt2-odd-vocab")
+    config = transformers.GPT2Config(vocab_size=321, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                                     bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(3)
+    transformers.GPT2LMHeadModel(config).eval().save_pretrained(folder)
+    tp = load_tensor_parallel(folder, tensor_parallel=2, device="cpu")
+    yield tp, tinyinfer.load(folder, runner="torch", device="cpu")
+    tp.runner.close()
+
+
+class TestGPT2OddVocabulary:
+    """GPT-2 (biases, position table, LayerNorm) with 321 tokens: the last vocabulary shard is padded."""
+
+    def test_logits_equal_tp1(self, gpt2_pair):
+        tp, ref = gpt2_pair
+        assert_same_function(tp, ref, token_prompts(ref, count=1, length=30)[0])
+
+    def test_greedy_generations_identical(self, gpt2_pair):
+        tp, ref = gpt2_pair
+        params = SamplingParams(max_tokens=12, temperature=0)
+        prompts = token_prompts(ref, count=3)
+        assert generate(tp, prompts, params)[0] == generate(ref, prompts, params)[0]
+
+    def test_closed_model_refuses_work(self, gpt2_pair):
+        tp, _ = gpt2_pair
+        tp.runner.close()
+        with pytest.raises(TinyInferError, match="closed"):
+            tp.logits([1, 2, 3])
+
+
+# ---------------------------------------------------------------------- one rank, and errors
+
+
+def test_single_rank_runs_without_workers():
+    tp = load_tensor_parallel("bundled", tensor_parallel=1, device="cpu")
+    try:
+        ref = tinyinfer.load("bundled", runner="torch", device="cpu")
+        assert_same_function(tp, ref, ref.tokenizer.encode(PROMPTS[3]))
+        assert [t.num_all_reduces for t in tp.runner.last_timings] == [0]
+    finally:
+        tp.runner.close()
+
+
+def test_vocabulary_shards_cover_the_vocabulary_once():
+    shards = [VocabShard.of(321, rank, 2) for rank in range(2)]
+    assert [(s.start, s.rows, s.valid) for s in shards] == [(0, 161, 161), (161, 161, 160)]
+    config = load_config(BUNDLED["bundled"])
+    weights = load_weights(BUNDLED["bundled"], config)
+    parts = [shard_weights(config, weights, rank, 2) for rank in range(2)]
+    np.testing.assert_array_equal(np.concatenate([p["layers.0.q.weight"] for p in parts]),
+                                  weights["layers.0.q.weight"])
+    np.testing.assert_array_equal(np.concatenate([p["layers.0.down.weight"] for p in parts], axis=1),
+                                  weights["layers.0.down.weight"])
+    assert parts[0]["layers.0.k.weight"].shape == (config.head_dim, config.hidden_size)
+
+
+@pytest.mark.parametrize("world, what", [(3, "4 attention heads"), (4, "2 KV heads"), (0, "positive")])
+def test_ranks_must_divide_heads(world, what):
+    with pytest.raises(TinyInferError, match=what):
+        load_tensor_parallel("bundled", tensor_parallel=world, device="cpu")
+
+
+def test_more_ranks_than_gpus_is_refused():
+    config = load_config(BUNDLED["bundled"])
+    check_tensor_parallel(config, 2, "cuda", 2)
+    with pytest.raises(TinyInferError, match="needs 2 GPUs .* has 1"):
+        check_tensor_parallel(config, 2, "cuda", 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
+def test_cuda_without_gpus_is_refused():
+    with pytest.raises(TinyInferError, match="CUDA is not available"):
+        load_tensor_parallel("bundled", tensor_parallel=2, device="cuda")
+
+
+def test_unsupported_options_are_refused():
+    with pytest.raises(TinyInferError, match="quantize"):
+        load_tensor_parallel("bundled", tensor_parallel=2, device="cpu", quantize="int8")
+    with pytest.raises(TinyInferError, match="cuda:r"):
+        load_tensor_parallel("bundled", tensor_parallel=2, device="cuda:1")
+    config = load_config(BUNDLED["bundled"])
+    with pytest.raises(TinyInferError, match="CUDA graphs"):
+        ShardRunner(config, load_weights(BUNDLED["bundled"], config), 0, 1, device="cpu",
+                    cuda_graphs=True)

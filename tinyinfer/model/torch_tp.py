@@ -1,0 +1,295 @@
+"""Tensor parallelism (Megatron style): one rank's shard of the model and its collectives.
+
+Every rank runs the same forward pass on its own slice of the weights:
+
+* attention: q/k/v are column-parallel — rank r owns query heads ``[r H/N, (r+1) H/N)`` and
+  the KV heads they read, ``[r Hkv/N, (r+1) Hkv/N)`` — so attention needs no communication
+  and each rank stores only its KV heads in every page. The output projection is row-parallel
+  (rank r owns the input columns of its heads); each rank's product is a partial sum, and one
+  all-reduce adds them into the full [T, D] output.
+* MLP: gate/up (or GPT-2's fc) column-parallel over the intermediate size F, down (proj)
+  row-parallel, one all-reduce after it.
+* embedding and LM head: vocabulary-parallel. Rank r owns vocabulary rows ``[r Vs, (r+1) Vs)``
+  (Vs = ceil(V / N), the last shard padded); a token outside the shard embeds to zeros and an
+  all-reduce assembles the embedding; each rank computes logits for its own vocabulary slice,
+  and rank 0 gathers either the slices or, for greedy rows, each slice's top k and
+  log-sum-exp.
+
+Biases of row-parallel layers (o, down / proj) live on rank 0 only, so the all-reduce adds
+them once. Norms and GPT-2's position table are small and replicated.
+
+A rank's shard is itself a smaller model — H/N heads, Hkv/N KV heads, F/N intermediate size —
+so it runs on ``TorchRunner``'s weights, KV pages and attention, with the all-reduces put
+between its layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from tinyinfer.config import ModelConfig
+from tinyinfer.errors import TinyInferError
+from tinyinfer.model import torch_layers as layers
+from tinyinfer.model.runner import Batch, TopLogits
+from tinyinfer.model.torch_fast import TorchKVCache, TorchRunner, _Step
+
+WeightArray = np.ndarray | Tensor
+
+
+def check_tensor_parallel(config: ModelConfig, world: int, device_type: str, gpu_count: int) -> None:
+    """Raise TinyInferError unless ``world`` ranks can split this model on this machine."""
+    if not isinstance(world, int) or world < 1:
+        raise TinyInferError(f"tensor_parallel must be a positive integer, got {world!r}")
+    for what, count in (("attention heads", config.num_heads),
+                        ("KV heads", config.num_kv_heads),
+                        ("MLP intermediate size", config.intermediate_size)):
+        if count % world:
+            divisors = [n for n in range(1, count + 1) if count % n == 0]
+            raise TinyInferError(
+                f"tensor_parallel={world} does not divide the model's {count} {what}: "
+                f"each rank must own a whole share; use one of {divisors} that also divides "
+                f"{config.num_heads} heads and {config.num_kv_heads} KV heads")
+    if device_type == "cuda" and world > gpu_count:
+        raise TinyInferError(
+            f"tensor_parallel={world} needs {world} GPUs (one per rank) but this machine has "
+            f"{gpu_count}: lower tensor_parallel to at most {gpu_count}")
+
+
+def shard_config(config: ModelConfig, world: int) -> ModelConfig:
+    """The shape of one rank's shard: a model with 1/N of the heads, KV heads and MLP width."""
+    return dataclasses.replace(config, num_heads=config.num_heads // world,
+                               num_kv_heads=config.num_kv_heads // world,
+                               intermediate_size=config.intermediate_size // world)
+
+
+@dataclass(frozen=True)
+class VocabShard:
+    """Which vocabulary rows a rank owns: ``[start, start + rows)``, the first ``valid`` real."""
+
+    start: int
+    rows: int  # ceil(V / N), the same on every rank so the gathered slices stack
+    valid: int  # rows that are real tokens (the last shard may be padding past V)
+
+    @classmethod
+    def of(cls, vocab_size: int, rank: int, world: int) -> VocabShard:
+        rows = math.ceil(vocab_size / world)
+        start = rank * rows
+        return cls(start, rows, max(0, min(rows, vocab_size - start)))
+
+
+def shard_weights(config: ModelConfig, weights: Mapping[str, WeightArray], rank: int,
+                  world: int) -> dict[str, WeightArray]:
+    """Cut the reference-named weights down to rank ``rank``'s shard (slices, not copies)."""
+    c, hd = config, config.head_dim
+    q_rows = _part(c.num_heads * hd, rank, world)
+    kv_rows = _part(c.num_kv_heads * hd, rank, world)
+    f_rows = _part(c.intermediate_size, rank, world)
+    column = {"q": q_rows, "k": kv_rows, "v": kv_rows, "gate": f_rows, "up": f_rows, "fc": f_rows}
+    row = {"o": q_rows, "down": f_rows, "proj": f_rows}
+    vocab = VocabShard.of(c.vocab_size, rank, world)
+    out: dict[str, WeightArray] = {}
+    for name, value in weights.items():
+        if not isinstance(value, (np.ndarray, Tensor)):
+            raise TinyInferError(f"weight {name} is a {type(value).__name__}: tensor parallelism "
+                                 "shards float weights only; load without quantize=")
+        parts = name.split(".")  # "embed", "final_norm.weight", "layers.3.q.bias", ...
+        layer_part, kind = (parts[2], parts[3]) if parts[0] == "layers" else (None, None)
+        if name in ("embed", "lm_head"):
+            out[name] = _pad_rows(value[vocab.start:vocab.start + vocab.valid], vocab.rows)
+        elif layer_part in column:
+            out[name] = value[column[layer_part]]  # output rows: weight [out, in] and bias [out]
+        elif layer_part in row and kind == "weight":
+            out[name] = value[:, row[layer_part]]  # input columns
+        elif layer_part in row:
+            if rank == 0:  # the all-reduce sums the ranks' outputs: add the bias once
+                out[name] = value
+        else:
+            out[name] = value  # norms, GPT-2 positions: replicated
+    return out
+
+
+def _part(size: int, rank: int, world: int) -> slice:
+    share = size // world
+    return slice(rank * share, (rank + 1) * share)
+
+
+def _pad_rows(value: WeightArray, rows: int) -> WeightArray:
+    """Zero rows appended so every rank's vocabulary shard has the same height."""
+    missing = rows - value.shape[0]
+    if missing == 0:
+        return value
+    if isinstance(value, Tensor):
+        return torch.cat([value, value.new_zeros((missing, *value.shape[1:]))])
+    return np.concatenate([value, np.zeros((missing, *value.shape[1:]), dtype=value.dtype)])
+
+
+def mlp_after_attention(x: Tensor, attn_out: Tensor, norm_w: Tensor, norm_b: Tensor | None,
+                        in_w: Tensor, in_b: Tensor | None, out_w: Tensor, out_b: Tensor | None,
+                        eps: float, gated: bool) -> tuple[Tensor, Tensor]:
+    """``torch_layers.mlp_block`` after its output projection, which TP must all-reduce first.
+
+    attn_out: [T, D], already summed over ranks. -> (x [T, D], this rank's partial MLP output [T, D]).
+    """
+    x = x + attn_out
+    h = layers.linear(layers.norm(x, norm_w, norm_b, eps), in_w, in_b)  # [T, F/N]
+    if gated:
+        gate, up = h.chunk(2, dim=-1)
+        h = F.silu(gate) * up
+    else:
+        h = F.gelu(h, approximate="tanh")
+    return x, layers.linear(h, out_w, out_b)
+
+
+@dataclass(frozen=True)
+class RankTiming:
+    """One rank's share of the last step: seconds computing, in all-reduces, gathering logits."""
+
+    rank: int
+    compute_s: float
+    all_reduce_s: float
+    gather_s: float
+    num_all_reduces: int
+
+
+class _CommClock:
+    """Times collectives: CUDA events on a GPU (no extra synchronisation), perf_counter on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.spans: dict[str, list[Any]] = {"all_reduce": [], "gather": []}
+
+    def reset(self) -> None:
+        self.spans = {"all_reduce": [], "gather": []}
+
+    def run(self, kind: str, collective: Any, *args: Any, **kwargs: Any) -> None:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            collective(*args, **kwargs)
+            end.record()
+            self.spans[kind].append((start, end))
+        else:
+            t0 = time.perf_counter()
+            collective(*args, **kwargs)
+            self.spans[kind].append(time.perf_counter() - t0)
+
+    def seconds(self, kind: str) -> float:
+        """Total time of one kind of collective; call after the step's results reached the host."""
+        if self.cuda:
+            return sum(s.elapsed_time(e) for s, e in self.spans[kind]) / 1e3
+        return float(sum(self.spans[kind]))
+
+
+class ShardRunner(TorchRunner):
+    """One rank's slice of the model: TorchRunner on a shard config, with all-reduces between layers.
+
+    Its logits are this rank's vocabulary slice, [R, Vs]; ``run_step`` assembles them on rank 0.
+    Must be used after ``torch.distributed`` is initialised, by all ranks in the same order.
+    """
+
+    def __init__(self, config: ModelConfig, weights: Mapping[str, WeightArray], rank: int,
+                 world: int, device: str | None = None, dtype: str | None = None,
+                 compile: bool | None = None, **options: Any):
+        if options.get("cuda_graphs"):
+            raise TinyInferError("CUDA graphs are not used under tensor parallelism: "
+                                 "drop cuda_graphs=True")
+        options["cuda_graphs"] = False
+        super().__init__(shard_config(config, world), shard_weights(config, weights, rank, world),
+                         device=device, dtype=dtype, compile=compile, **options)
+        self.full_config = config
+        self.rank, self.world = rank, world
+        self.vocab = VocabShard.of(config.vocab_size, rank, world)
+        self.clock = _CommClock(self.device)
+        self._eager = (layers.attention_input, mlp_after_attention, layers.final_logits)
+        self._decode_fns = tuple(torch.compile(f) for f in self._eager) if self.compile else self._eager
+
+    def _all_reduce(self, x: Tensor) -> Tensor:
+        """Sum a [T, D] partial result over ranks, in place."""
+        if self.world > 1:
+            self.clock.run("all_reduce", dist.all_reduce, x)
+        return x
+
+    def _embed(self, token_ids: Tensor) -> Tensor:
+        """Vocabulary-parallel lookup: own rows, zeros elsewhere, summed over ranks.  -> [T, D]."""
+        local = token_ids - self.vocab.start
+        mine = (local >= 0) & (local < self.vocab.valid)
+        x = self.w.embed[local.clamp(0, self.vocab.rows - 1)] * mine[:, None].to(self.dtype)
+        return self._all_reduce(x)
+
+    def _forward_step(self, step: _Step, kv: TorchKVCache) -> Tensor:
+        """Embed, run every layer with its two all-reduces; -> float32 logits of this vocab slice [R, Vs]."""
+        attention_input, mlp_rest, final_logits = self._eager if step.prefills else self._decode_fns
+        w = self.w
+        x = self._embed(step.token_ids)  # [T, D]
+        if w.pos_embed is not None:
+            x = x + w.pos_embed[step.positions]
+        residual = torch.zeros_like(x)
+        eps, gated = self.config.norm_eps, self.config.family == "llama"
+        for i, layer in enumerate(w.layers):
+            x, qkv = attention_input(x, residual, *layer.attn_norm, *layer.qkv, eps)  # [T, (H + 2 Hkv) hd / N]
+            attn = self._attention(i, qkv, step, kv)  # [T, H hd / N]: this rank's heads
+            attn_out = self._all_reduce(layers.linear(attn, *layer.o))  # row-parallel o -> [T, D]
+            x, partial = mlp_rest(x, attn_out, *layer.mlp_norm, *layer.mlp_in, *layer.mlp_out, eps, gated)
+            residual = self._all_reduce(partial)  # row-parallel down -> [T, D]
+        if step.logits_rows is not None:
+            x, residual = x[step.logits_rows], residual[step.logits_rows]
+        logits = final_logits(x, residual, *w.final_norm, w.head, eps)  # [R, Vs]
+        if self.vocab.valid < self.vocab.rows:
+            logits[:, self.vocab.valid:] = float("-inf")  # padding rows are not tokens
+        return logits
+
+    def run_step(self, batch: Batch, kv: TorchKVCache, top_k: int | None
+                 ) -> tuple[Tensor | TopLogits | None, RankTiming]:
+        """Every rank's part of one step. Rank 0 gets logits [R, V] (or their top k); others None."""
+        self.clock.reset()
+        t0 = time.perf_counter()
+        local = self._device_logits(batch, kv).float()  # [R, Vs]
+        result = self._gather_logits(local) if top_k is None else self._gather_top(local, top_k)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        total = time.perf_counter() - t0
+        reduce_s, gather_s = self.clock.seconds("all_reduce"), self.clock.seconds("gather")
+        timing = RankTiming(self.rank, max(0.0, total - reduce_s - gather_s), reduce_s, gather_s,
+                            len(self.clock.spans["all_reduce"]))
+        return result, timing
+
+    def _gather(self, local: Tensor) -> list[Tensor] | None:
+        """Every rank's [R, n] tensor, on rank 0 (None on the others)."""
+        if self.world == 1:
+            return [local]
+        parts = [torch.empty_like(local) for _ in range(self.world)] if self.rank == 0 else None
+        self.clock.run("gather", dist.gather, local.contiguous(), parts, dst=0)
+        return parts
+
+    def _gather_logits(self, local: Tensor) -> Tensor | None:
+        """The vocabulary slices side by side on rank 0.  [R, Vs] per rank -> [R, V]."""
+        parts = self._gather(local)
+        return None if parts is None else torch.cat(parts, dim=-1)[:, :self.full_config.vocab_size]
+
+    def _gather_top(self, local: Tensor, k: int) -> TopLogits | None:
+        """Each slice's top k and log-sum-exp, merged on rank 0 into the whole vocabulary's."""
+        values, ids = torch.topk(local, min(k, self.vocab.rows), dim=-1)  # [R, k']
+        lse = torch.logsumexp(local, dim=-1, keepdim=True)  # [R, 1]
+        # One gather of [R, 2k' + 1] float64 (exact for any token id below 2^53).
+        packed = torch.cat([values.double(), (ids + self.vocab.start).double(), lse.double()], dim=-1)
+        parts = self._gather(packed)
+        if parts is None:
+            return None
+        width = values.shape[-1]
+        all_values = torch.cat([p[:, :width] for p in parts], dim=-1)  # [R, N k']
+        all_ids = torch.cat([p[:, width:2 * width] for p in parts], dim=-1)
+        top_values, where = torch.topk(all_values, k, dim=-1)
+        top_ids = torch.gather(all_ids, -1, where).long()
+        total_lse = torch.logsumexp(torch.cat([p[:, -1:] for p in parts], dim=-1), dim=-1)  # [R]
+        return TopLogits(top_ids.cpu().numpy(), top_values.float().cpu().numpy(),
+                         total_lse.float().cpu().numpy())

@@ -1,0 +1,189 @@
+"""Starting a tensor-parallel model: N - 1 worker processes, one process group, rank 0 here.
+
+    model = load_tensor_parallel("bundled", tensor_parallel=2)   # a tinyinfer.Model
+    engine = tinyinfer.Engine(model)                             # unchanged: rank 0 drives
+    ...
+    model.runner.close()                                         # or let atexit do it
+
+Workers are started with torch.multiprocessing's "spawn" (a fresh interpreter each, as CUDA
+requires), so a script that loads a tensor-parallel model must guard its top level with
+``if __name__ == "__main__":``. Each rank reads the checkpoint itself and keeps only its
+shard. They meet at a TCP store on 127.0.0.1 and a free port: NCCL on GPUs (rank r on
+cuda:r), gloo on CPU; commands travel over a second, gloo group.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import socket
+import time
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tinyinfer.config import load_config
+from tinyinfer.errors import TinyInferError, TokenizerError
+from tinyinfer.loading import Model, resolve_source
+from tinyinfer.model.torch_tp import ShardRunner, check_tensor_parallel
+from tinyinfer.model.torch_tp_runner import TensorParallelRunner, serve_worker
+from tinyinfer.model.torch_weights import pick_device
+from tinyinfer.tokenizer import load_tokenizer
+from tinyinfer.weights import load_weights
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything a rank needs to build its shard and join the group (pickled to workers)."""
+
+    path: Path
+    world: int
+    port: int
+    device_type: str  # "cpu" or "cuda"
+    dtype: str | None
+    options: dict[str, Any] = field(default_factory=dict)  # TorchRunner options (compile, ...)
+
+    def device(self, rank: int) -> str:
+        return f"cuda:{rank}" if self.device_type == "cuda" else "cpu"
+
+
+def load_tensor_parallel(source: str | Path = "bundled", tensor_parallel: int = 2,
+                         device: str | None = None, dtype: str | None = None,
+                         quantize: str | None = None, startup_timeout: float = 600.0,
+                         **runner_options: Any) -> Model:
+    """Load a model split over ``tensor_parallel`` ranks; this process is rank 0.
+
+    ``device`` is "cuda" (one GPU per rank, NCCL) or "cpu" (gloo); the default is CUDA when
+    available. ``runner_options`` go to each rank's TorchRunner (e.g. ``compile``).
+    """
+    if quantize is not None:
+        raise TinyInferError("tensor parallelism shards float weights: load without quantize= "
+                             "(or with tensor_parallel=1 through tinyinfer.load)")
+    if device is not None and ":" in device:
+        raise TinyInferError(f"pass device='cuda' rather than {device!r}: rank r runs on cuda:r")
+    path, name = resolve_source(source)
+    config = load_config(path)
+    device_type = pick_device(device).type
+    gpu_count = torch.cuda.device_count() if device_type == "cuda" else 0
+    check_tensor_parallel(config, tensor_parallel, device_type, gpu_count)
+    if dist.is_initialized():
+        raise TinyInferError("this process already runs a torch.distributed group (another "
+                             "tensor-parallel model?): close() its runner before loading another")
+    spec = LaunchSpec(path, tensor_parallel, _free_port(), device_type, dtype, dict(runner_options))
+    workers = _Workers.start(spec)
+    try:
+        shard = _build_shard(spec, 0)
+        workers.wait_ready(startup_timeout)
+        group = _join_group(spec, 0)
+    except BaseException:
+        workers.stop()
+        raise
+    runner = TensorParallelRunner(shard, group, workers_alive=workers.alive, on_close=workers.stop)
+    atexit.register(runner.close)
+    tokenizer, error = None, ""
+    try:
+        tokenizer = load_tokenizer(path, eos_token_id=(config.eos_token_ids or (None,))[0])
+    except TokenizerError as exc:
+        error = f"{name} has no usable tokenizer: {exc}"
+    return Model(config=config, runner=runner, path=path, name=name,  # type: ignore[arg-type]
+                 _tokenizer=tokenizer, _tokenizer_error=error)
+
+
+def _free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _build_shard(spec: LaunchSpec, rank: int) -> ShardRunner:
+    """Read the checkpoint and keep this rank's shard on its device."""
+    if spec.device_type == "cuda":
+        torch.cuda.set_device(rank)
+    config = load_config(spec.path)
+    weights = load_weights(spec.path, config)
+    return ShardRunner(config, weights, rank, spec.world, device=spec.device(rank), dtype=spec.dtype,
+                       **spec.options)
+
+
+def _join_group(spec: LaunchSpec, rank: int) -> Any:
+    """Join the default group (NCCL or gloo) and return the gloo group commands travel over."""
+    backend = "nccl" if spec.device_type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank,
+                            world_size=spec.world)
+    return dist.new_group(backend="gloo")
+
+
+def _worker_main(spec: LaunchSpec, rank: int, ready: Any) -> None:
+    """A worker process: build the shard, say so, join the group, serve rank 0 until shutdown."""
+    try:
+        if spec.device_type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world))
+        shard = _build_shard(spec, rank)
+    except BaseException as exc:  # reported to rank 0, which raises it as a TinyInferError
+        ready.put((rank, f"{type(exc).__name__}: {exc}"))
+        return
+    ready.put((rank, None))
+    group = _join_group(spec, rank)
+    try:
+        serve_worker(shard, group)
+    finally:
+        dist.destroy_process_group()
+
+
+@dataclass
+class _Workers:
+    """The worker processes of one tensor-parallel model, seen from rank 0."""
+
+    processes: list[BaseProcess]
+    ready: Any  # a multiprocessing queue of (rank, error message or None)
+
+    @classmethod
+    def start(cls, spec: LaunchSpec) -> _Workers:
+        context = mp.get_context("spawn")
+        ready = context.Queue()
+        processes = [context.Process(target=_worker_main, args=(spec, rank, ready), daemon=True,
+                                     name=f"tinyinfer-tp-rank{rank}")
+                     for rank in range(1, spec.world)]
+        for process in processes:
+            process.start()
+        return cls(processes, ready)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until every worker has built its shard; raise what a failed one reported."""
+        waiting = {p.name: p for p in self.processes}
+        deadline = time.monotonic() + timeout
+        while waiting:
+            try:
+                rank, error = self.ready.get(timeout=0.5)
+            except queue.Empty:
+                dead = [p for p in waiting.values() if p.exitcode is not None]
+                if dead:
+                    raise TinyInferError(f"tensor-parallel worker {dead[0].name} exited (code "
+                                         f"{dead[0].exitcode}) before it was ready; see its error above")
+                if time.monotonic() > deadline:
+                    raise TinyInferError(f"tensor-parallel workers {sorted(waiting)} were not ready "
+                                         f"after {timeout:.0f} s: raise startup_timeout for big models")
+                continue
+            if error is not None:
+                raise TinyInferError(f"tensor-parallel worker rank {rank} could not load its shard: {error}")
+            waiting.pop(f"tinyinfer-tp-rank{rank}")
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self.processes)
+
+    def stop(self) -> None:
+        """Wait briefly for workers to exit, end any that do not, and leave the process group."""
+        for process in self.processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=5)
+        if dist.is_initialized():
+            dist.destroy_process_group()

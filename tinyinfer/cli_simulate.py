@@ -60,6 +60,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="plot throughput and latency against batch size")
     p.add_argument("--values", default=None, help="comma-separated sweep values (default: 1,2,4..512)")
     p.add_argument("--list", action="store_true", help="list model and hardware presets")
+    p.add_argument("--tui", action="store_true",
+                   help="turn the knobs in a terminal UI (starts from these flags)")
     p.add_argument("--json", action="store_true", help="print every number with its derivation as JSON")
     p.add_argument("--calibrate", action="store_true",
                    help="measure this device and the engine on it, fit efficiencies, compare")
@@ -79,6 +81,11 @@ def run(args: argparse.Namespace) -> int:
         print(calibration_report(result))
         return 0
     scenario = scenario_from_args(args)
+    if args.tui:
+        from tui.simulator_app import SimulatorApp
+
+        SimulatorApp(scenario).run()
+        return 0
     if args.sweep:
         values = _parse_values(args.values) if args.values else DEFAULT_SWEEP
         sims = sweep(scenario, args.sweep, values)

@@ -17,7 +17,7 @@ from tinyinfer.config import load_config
 from tinyinfer.loading import BUNDLED
 from tinyinfer.model.runner import make_batch
 from tinyinfer.model.torch_tp import ShardRunner, VocabShard, check_tensor_parallel, shard_weights
-from tinyinfer.tp_launch import load_tensor_parallel
+from tinyinfer.tp_launch import load_tensor_parallel, load_tensor_parallel_random
 from tinyinfer.weights import load_weights
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -260,3 +260,22 @@ def test_unsupported_options_are_refused():
     with pytest.raises(TinyInferError, match="CUDA graphs"):
         ShardRunner(config, load_weights(BUNDLED["bundled"], config), 0, 1, device="cpu",
                     cuda_graphs=True)
+
+
+def test_random_shapes_hold_one_shard_per_rank():
+    # Benchmark shapes too big for one device: each rank draws only its shard.
+    config = load_config(BUNDLED["bundled"])
+    tp = load_tensor_parallel_random(config, tensor_parallel=2, device="cpu")
+    try:
+        shard = tp.runner.shard
+        assert shard.w.layers[0].qkv[0].shape == ((4 + 2 * 2) * config.head_dim // 2, config.hidden_size)
+        assert shard.w.layers[0].mlp_out[0].shape == (config.hidden_size, config.intermediate_size // 2)
+        assert shard.w.head.shape == (config.vocab_size // 2, config.hidden_size)
+        params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+        tokens, _ = generate(tp, [[1, 2, 3, 4, 5]], params)
+        assert len(tokens[0]) == 8 and all(0 <= t < config.vocab_size for t in tokens[0])
+        assert len(tp.runner.last_timings) == 2
+        with pytest.raises(TinyInferError, match="no tokenizer"):
+            tp.tokenizer
+    finally:
+        tp.runner.close()

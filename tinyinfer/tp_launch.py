@@ -28,10 +28,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tinyinfer.config import load_config
+from tinyinfer.config import ModelConfig, load_config
 from tinyinfer.errors import TinyInferError, TokenizerError
 from tinyinfer.loading import Model, resolve_source
-from tinyinfer.model.torch_tp import ShardRunner, check_tensor_parallel
+from tinyinfer.model.torch_tp import ShardRunner, check_tensor_parallel, random_shard_weights
 from tinyinfer.model.torch_tp_runner import TensorParallelRunner, serve_worker
 from tinyinfer.model.torch_weights import pick_device
 from tinyinfer.tokenizer import load_tokenizer
@@ -42,12 +42,14 @@ from tinyinfer.weights import load_weights
 class LaunchSpec:
     """Everything a rank needs to build its shard and join the group (pickled to workers)."""
 
-    path: Path
+    path: Path | None  # a checkpoint folder, or None for random weights of ``random_config``
     world: int
     port: int
     device_type: str  # "cpu" or "cuda"
     dtype: str | None
     options: dict[str, Any] = field(default_factory=dict)  # TorchRunner options (compile, ...)
+    random_config: ModelConfig | None = None
+    seed: int = 0
 
     def device(self, rank: int) -> str:
         return f"cuda:{rank}" if self.device_type == "cuda" else "cpu"
@@ -65,17 +67,48 @@ def load_tensor_parallel(source: str | Path = "bundled", tensor_parallel: int = 
     if quantize is not None:
         raise TinyInferError("tensor parallelism shards float weights: load without quantize= "
                              "(or with tensor_parallel=1 through tinyinfer.load)")
-    if device is not None and ":" in device:
-        raise TinyInferError(f"pass device='cuda' rather than {device!r}: rank r runs on cuda:r")
     path, name = resolve_source(source)
     config = load_config(path)
+    spec = _spec(config, path, tensor_parallel, device, dtype, runner_options)
+    tokenizer, error = None, ""
+    try:
+        tokenizer = load_tokenizer(path, eos_token_id=(config.eos_token_ids or (None,))[0])
+    except TokenizerError as exc:
+        error = f"{name} has no usable tokenizer: {exc}"
+    model = _launch(spec, config, name, startup_timeout)
+    model._tokenizer, model._tokenizer_error = tokenizer, error
+    return model
+
+
+def load_tensor_parallel_random(config: ModelConfig, tensor_parallel: int = 2, device: str | None = None,
+                                dtype: str | None = None, seed: int = 0, name: str = "random",
+                                startup_timeout: float = 600.0, **runner_options: Any) -> Model:
+    """A random-weight model of ``config``'s shape over ``tensor_parallel`` ranks (benchmarks).
+
+    Each rank draws only its shard, on its device, so a shape too big for one GPU never has
+    to fit anywhere whole. No tokenizer: feed token ids.
+    """
+    spec = _spec(config, None, tensor_parallel, device, dtype, runner_options, seed=seed)
+    return _launch(spec, config, name, startup_timeout)
+
+
+def _spec(config: ModelConfig, path: Path | None, world: int, device: str | None, dtype: str | None,
+          options: dict[str, Any], seed: int = 0) -> LaunchSpec:
+    """Check that ``world`` ranks fit this model and machine, and describe the launch."""
+    if device is not None and ":" in device:
+        raise TinyInferError(f"pass device='cuda' rather than {device!r}: rank r runs on cuda:r")
     device_type = pick_device(device).type
     gpu_count = torch.cuda.device_count() if device_type == "cuda" else 0
-    check_tensor_parallel(config, tensor_parallel, device_type, gpu_count)
+    check_tensor_parallel(config, world, device_type, gpu_count)
     if dist.is_initialized():
         raise TinyInferError("this process already runs a torch.distributed group (another "
                              "tensor-parallel model?): close() its runner before loading another")
-    spec = LaunchSpec(path, tensor_parallel, _free_port(), device_type, dtype, dict(runner_options))
+    return LaunchSpec(path, world, _free_port(), device_type, dtype, dict(options),
+                      random_config=config if path is None else None, seed=seed)
+
+
+def _launch(spec: LaunchSpec, config: ModelConfig, name: str, startup_timeout: float) -> Model:
+    """Start the workers, build rank 0's shard, join the group; a Model whose runner is rank 0."""
     workers = _Workers.start(spec)
     try:
         shard = _build_shard(spec, 0)
@@ -86,13 +119,8 @@ def load_tensor_parallel(source: str | Path = "bundled", tensor_parallel: int = 
         raise
     runner = TensorParallelRunner(shard, group, workers_alive=workers.alive, on_close=workers.stop)
     atexit.register(runner.close)
-    tokenizer, error = None, ""
-    try:
-        tokenizer = load_tokenizer(path, eos_token_id=(config.eos_token_ids or (None,))[0])
-    except TokenizerError as exc:
-        error = f"{name} has no usable tokenizer: {exc}"
-    return Model(config=config, runner=runner, path=path, name=name,  # type: ignore[arg-type]
-                 _tokenizer=tokenizer, _tokenizer_error=error)
+    return Model(config=config, runner=runner, path=spec.path or Path(name), name=name,  # type: ignore[arg-type]
+                 _tokenizer_error=f"{name} has random weights and no tokenizer: pass token ids")
 
 
 def _free_port() -> int:
@@ -106,10 +134,15 @@ def _build_shard(spec: LaunchSpec, rank: int) -> ShardRunner:
     """Read the checkpoint and keep this rank's shard on its device."""
     if spec.device_type == "cuda":
         torch.cuda.set_device(rank)
+    if spec.path is None:
+        assert spec.random_config is not None
+        config = spec.random_config
+        weights = random_shard_weights(config, rank, spec.world, spec.device(rank), spec.dtype, spec.seed)
+        return ShardRunner(config, weights, rank, spec.world, device=spec.device(rank),
+                           dtype=spec.dtype, presharded=True, **spec.options)
     config = load_config(spec.path)
-    weights = load_weights(spec.path, config)
-    return ShardRunner(config, weights, rank, spec.world, device=spec.device(rank), dtype=spec.dtype,
-                       **spec.options)
+    return ShardRunner(config, load_weights(spec.path, config), rank, spec.world,
+                       device=spec.device(rank), dtype=spec.dtype, **spec.options)
 
 
 def _join_group(spec: LaunchSpec, rank: int) -> Any:

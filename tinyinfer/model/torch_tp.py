@@ -42,6 +42,7 @@ from tinyinfer.errors import TinyInferError
 from tinyinfer.model import torch_layers as layers
 from tinyinfer.model.runner import Batch, TopLogits
 from tinyinfer.model.torch_fast import TorchKVCache, TorchRunner, _Step
+from tinyinfer.model.torch_weights import random_weights
 
 WeightArray = np.ndarray | Tensor
 
@@ -94,28 +95,60 @@ def shard_weights(config: ModelConfig, weights: Mapping[str, WeightArray], rank:
     q_rows = _part(c.num_heads * hd, rank, world)
     kv_rows = _part(c.num_kv_heads * hd, rank, world)
     f_rows = _part(c.intermediate_size, rank, world)
-    column = {"q": q_rows, "k": kv_rows, "v": kv_rows, "gate": f_rows, "up": f_rows, "fc": f_rows}
-    row = {"o": q_rows, "down": f_rows, "proj": f_rows}
+    columns = {"q": q_rows, "k": kv_rows, "v": kv_rows, "gate": f_rows, "up": f_rows, "fc": f_rows}
+    rows = {"o": q_rows, "down": f_rows, "proj": f_rows}
     vocab = VocabShard.of(c.vocab_size, rank, world)
     out: dict[str, WeightArray] = {}
     for name, value in weights.items():
         if not isinstance(value, (np.ndarray, Tensor)):
             raise TinyInferError(f"weight {name} is a {type(value).__name__}: tensor parallelism "
                                  "shards float weights only; load without quantize=")
-        parts = name.split(".")  # "embed", "final_norm.weight", "layers.3.q.bias", ...
-        layer_part, kind = (parts[2], parts[3]) if parts[0] == "layers" else (None, None)
-        if name in ("embed", "lm_head"):
+        placement = _placement(name)
+        if placement == "vocab":
             out[name] = _pad_rows(value[vocab.start:vocab.start + vocab.valid], vocab.rows)
-        elif layer_part in column:
-            out[name] = value[column[layer_part]]  # output rows: weight [out, in] and bias [out]
-        elif layer_part in row and kind == "weight":
-            out[name] = value[:, row[layer_part]]  # input columns
-        elif layer_part in row:
-            if rank == 0:  # the all-reduce sums the ranks' outputs: add the bias once
-                out[name] = value
-        else:
-            out[name] = value  # norms, GPT-2 positions: replicated
+        elif placement == "column":  # output rows: weight [out, in] and bias [out]
+            out[name] = value[columns[name.split(".")[2]]]
+        elif placement == "row":  # input columns of weight [out, in]
+            out[name] = value[:, rows[name.split(".")[2]]]
+        elif placement == "replicated" or rank == 0:
+            out[name] = value  # a row-parallel bias only on rank 0: the all-reduce adds it once
     return out
+
+
+def _placement(name: str) -> str:
+    """How a reference-named weight is split: vocab, column, row, row_bias or replicated."""
+    if name in ("embed", "lm_head"):
+        return "vocab"
+    parts = name.split(".")  # "embed", "final_norm.weight", "layers.3.q.bias", ...
+    if parts[0] != "layers":
+        return "replicated"  # final norm, GPT-2 positions
+    if parts[2] in ("q", "k", "v", "gate", "up", "fc"):
+        return "column"
+    if parts[2] in ("o", "down", "proj"):
+        return "row" if parts[3] == "weight" else "row_bias"
+    return "replicated"  # the blocks' norms
+
+
+def random_shard_weights(config: ModelConfig, rank: int, world: int, device: str,
+                         dtype: str | None, seed: int = 0) -> dict[str, Tensor]:
+    """Random weights of rank ``rank``'s shard only, made on its device (benchmark shapes).
+
+    A model too big for one device never exists whole: every rank draws its own shard.
+    Replicated weights (norms, GPT-2 positions) are drawn from one seed on every rank, so
+    the copies agree; the model is a different random model for each ``world``.
+    """
+    local = dataclasses.replace(shard_config(config, world),
+                                vocab_size=VocabShard.of(config.vocab_size, rank, world).rows)
+    weights = random_weights(local, device, dtype, seed=seed + 1 + rank)
+    common = torch.Generator(device=device).manual_seed(seed)
+    for name in sorted(weights):
+        placement = _placement(name)
+        if placement == "row_bias" and rank:
+            del weights[name]
+        elif placement == "replicated" and not name.endswith("norm.weight"):
+            w = weights[name]
+            weights[name] = (torch.randn(w.shape, generator=common, device=w.device) * 0.02).to(w.dtype)
+    return weights
 
 
 def _part(size: int, rank: int, world: int) -> slice:
@@ -193,19 +226,22 @@ class _CommClock:
 class ShardRunner(TorchRunner):
     """One rank's slice of the model: TorchRunner on a shard config, with all-reduces between layers.
 
+    ``weights`` are the whole model's (cut here), or this rank's shard already when ``presharded``.
+
     Its logits are this rank's vocabulary slice, [R, Vs]; ``run_step`` assembles them on rank 0.
     Must be used after ``torch.distributed`` is initialised, by all ranks in the same order.
     """
 
     def __init__(self, config: ModelConfig, weights: Mapping[str, WeightArray], rank: int,
                  world: int, device: str | None = None, dtype: str | None = None,
-                 compile: bool | None = None, **options: Any):
+                 compile: bool | None = None, presharded: bool = False, **options: Any):
         if options.get("cuda_graphs"):
             raise TinyInferError("CUDA graphs are not used under tensor parallelism: "
                                  "drop cuda_graphs=True")
         options["cuda_graphs"] = False
-        super().__init__(shard_config(config, world), shard_weights(config, weights, rank, world),
-                         device=device, dtype=dtype, compile=compile, **options)
+        shard = weights if presharded else shard_weights(config, weights, rank, world)
+        super().__init__(shard_config(config, world), shard, device=device, dtype=dtype,
+                         compile=compile, **options)
         self.full_config = config
         self.rank, self.world = rank, world
         self.vocab = VocabShard.of(config.vocab_size, rank, world)

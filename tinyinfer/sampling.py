@@ -351,7 +351,7 @@ def greedy_choice_from_top(ids: np.ndarray, values: np.ndarray, logsumexp: float
 
 def greedy_choice(logits: np.ndarray, params: SamplingParams) -> TokenChoice:
     """Plain greedy from a full logits row [V] in two passes: top ids and the log-sum-exp."""
-    x = np.asarray(logits, dtype=np.float64)
+    x = _as_logits(logits)  # [V]; rejects NaN like the full pipeline does
     ids = _top_indices(x, max(params.logprobs or 0, 1))
     m = x[ids[0]]
     return greedy_choice_from_top(ids, x[ids], float(m + np.log(np.exp(x - m).sum())), params)

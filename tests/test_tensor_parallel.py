@@ -62,6 +62,14 @@ def bundled_pair():
 class TestBundled:
     """The bundled model (4 heads, 2 KV heads, tied embedding) split over 2 ranks."""
 
+    def test_step_trace_reports_each_ranks_compute_and_all_reduce_time(self, bundled_pair):
+        engine = tinyinfer.Engine(bundled_pair[0])
+        engine.add_request([5, 6, 7], SamplingParams(max_tokens=2, temperature=0))
+        timings = engine.step().timings
+        assert {"rank0_compute", "rank0_all_reduce", "rank1_compute",
+                "rank1_all_reduce"} <= set(timings)
+        assert timings["rank1_all_reduce"] > 0
+
     def test_logits_equal_tp1(self, bundled_pair):
         tp, ref = bundled_pair
         assert_same_function(tp, ref, ref.tokenizer.encode(PROMPTS[1] + ", wherefore art thou"))

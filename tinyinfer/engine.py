@@ -237,6 +237,9 @@ class Engine:
         timings = {"schedule": t1 - t0, "forward": t3 - t2, "sample": t4 - t3}
         if self.drafter is not None:
             timings["draft"] = t2 - t1
+        for rank in getattr(self.model.runner, "last_timings", ()):  # tensor-parallel runners
+            timings[f"rank{rank.rank}_compute"] = rank.compute_s
+            timings[f"rank{rank.rank}_all_reduce"] = rank.all_reduce_s
         return StepTrace(
             step=self.step_count,
             seqs=tuple(steps),

@@ -287,3 +287,21 @@ def test_random_shapes_hold_one_shard_per_rank():
             tp.tokenizer
     finally:
         tp.runner.close()
+
+
+def test_cli_generate_with_tensor_parallel_equals_one_process():
+    import subprocess
+    import sys
+
+    def run(*extra: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "tinyinfer.cli", "generate", "ROMEO:", "--runner", "torch",
+             "--max-tokens", "12", "--temperature", "0", *extra],
+            capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert run("--tensor-parallel", "2") == run()
+    refused = subprocess.run([sys.executable, "-m", "tinyinfer.cli", "generate", "hi",
+                              "--tensor-parallel", "2"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--runner torch" in refused.stderr

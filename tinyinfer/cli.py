@@ -20,6 +20,23 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (torch runner)")
     parser.add_argument("--dtype", default=None,
                         help="float32/float64 (numpy); float32/float16/bfloat16 (torch)")
+    parser.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                        help="split the model over N processes (GPUs with NCCL, CPU with gloo); "
+                             "torch runner")
+
+
+def load_model(args: argparse.Namespace):
+    """The model the command-line arguments name, split over processes if asked."""
+    import tinyinfer
+
+    if args.tensor_parallel > 1:
+        if args.runner != "torch":
+            raise TinyInferError("--tensor-parallel needs --runner torch")
+        from tinyinfer.tp_launch import load_tensor_parallel
+
+        return load_tensor_parallel(args.model, tensor_parallel=args.tensor_parallel,
+                                    device=args.device, dtype=args.dtype)
+    return tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,7 +106,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import tinyinfer
     from tinyinfer import bench
 
-    model = tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype)
+    model = load_model(args)
     print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)
     if args.workload == "speculative":
         results = _bench_speculative(model, args)
@@ -181,7 +198,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
         seed=args.seed, stop=tuple(args.stop),
     )
-    model = tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype)
+    model = load_model(args)
     engine = tinyinfer.Engine(model, drafter=make_drafter(args), num_draft=args.num_draft)
     start = time.perf_counter()
     first = None

@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     """Load the model, then serve until interrupted."""
     import tinyinfer
     from tinyinfer.errors import TinyInferError
+    from tinyinfer.cli import load_model
     from tinyinfer.server import ServerConfig, serve
 
     for name in ("max_num_seqs", "request_timeout", "shutdown_timeout"):
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
             raise TinyInferError(f"--{name.replace('_', '-')} must be positive")
     if args.max_queue < 0:
         raise TinyInferError("--max-queue must be 0 or more")
-    model = tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype)
+    model = load_model(args)
     # detail "none": the server reads tokens from the trace, never the per-page pool view.
     engine = tinyinfer.Engine(model, max_num_seqs=args.max_num_seqs, detail="none")
     config = ServerConfig(served_model_name=args.served_model_name, max_queue=args.max_queue,

@@ -12,6 +12,7 @@ import numpy as np
 from tinyinfer.config import ModelConfig, load_config
 from tinyinfer.errors import PromptError, TinyInferError, TokenizerError
 from tinyinfer.model.runner import ModelRunner, make_batch
+from tinyinfer.quant import QuantConfig, QuantizedWeight, load_quantized, quantize_weights, read_quant_config
 from tinyinfer.tokenizer import Tokenizer, load_tokenizer
 from tinyinfer.weights import load_weights
 
@@ -31,6 +32,7 @@ class Model:
     runner: ModelRunner
     path: Path
     name: str
+    quantization: QuantConfig | None = None  # weight format of the linear layers; None = float
     _tokenizer: Tokenizer | None = field(default=None, repr=False)
     _tokenizer_error: str = field(default="", repr=False)
 
@@ -94,13 +96,18 @@ def resolve_source(source: str | Path) -> tuple[Path, str]:
 
 
 def load(source: str | Path = "bundled", runner: str = "numpy", device: str | None = None,
-         dtype: str | None = None, **runner_options: Any) -> Model:
-    """Load a model folder (HF layout) or a bundled model with the chosen runner."""
+         dtype: str | None = None, quantize: str | QuantConfig | None = None,
+         **runner_options: Any) -> Model:
+    """Load a model folder (HF layout) or a bundled model with the chosen runner.
+
+    ``quantize`` ("int8", "int4", "int4-g64", "int4-g32-asym", ...) quantizes the linear
+    weights as they load; a folder written by ``tinyinfer quantize`` loads quantized as saved.
+    """
     if runner not in RUNNERS:
         raise TinyInferError(f"runner must be one of {RUNNERS}, got {runner!r}")
     path, name = resolve_source(source)
     config = load_config(path)
-    weights = load_weights(path, config)
+    weights, quantization = _load_weights(path, config, quantize)
     if runner == "numpy":
         from tinyinfer.model.numpy_ref import NumpyRunner
 
@@ -116,5 +123,21 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
         tokenizer = load_tokenizer(path, eos_token_id=(config.eos_token_ids or (None,))[0])
     except TokenizerError as exc:
         error = f"{name} has no usable tokenizer: {exc}"
-    return Model(config=config, runner=model_runner, path=path, name=name,
+    return Model(config=config, runner=model_runner, path=path, name=name, quantization=quantization,
                  _tokenizer=tokenizer, _tokenizer_error=error)
+
+
+def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig | None
+                  ) -> tuple[dict[str, np.ndarray | QuantizedWeight], QuantConfig | None]:
+    """A plain checkpoint's weights, quantized if asked; or a quantized checkpoint's, as saved."""
+    wanted = QuantConfig.parse(quantize) if isinstance(quantize, str) else quantize
+    saved = read_quant_config(path)
+    if saved is not None:
+        if wanted is not None and wanted != saved:
+            raise TinyInferError(f"{path} is already quantized as {saved.name}: load it without "
+                                 f"quantize=, or quantize the original checkpoint as {wanted.name}")
+        return load_quantized(path, config)
+    weights = load_weights(path, config)
+    if wanted is None:
+        return weights, None  # type: ignore[return-value]
+    return quantize_weights(weights, wanted), wanted

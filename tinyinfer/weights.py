@@ -232,6 +232,36 @@ def _map_llama(c: ModelConfig, src: _Source) -> dict[str, np.ndarray]:
     return w
 
 
+def internal_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every runner weight name and its shape, in model order, from the config alone."""
+    d, f, v = c.hidden_size, c.intermediate_size, c.vocab_size
+    q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    gpt2 = c.family == "gpt2"
+    shapes: dict[str, tuple[int, ...]] = {"embed": (v, d)}
+    if gpt2:
+        shapes["pos_embed"] = (c.max_position_embeddings, d)
+    linears = {"q": (q_out, d), "k": (kv_out, d), "v": (kv_out, d), "o": (d, q_out)}
+    linears.update({"fc": (f, d), "proj": (d, f)} if gpt2 else
+                   {"gate": (f, d), "up": (f, d), "down": (d, f)})
+    bias = {"q": c.qkv_bias, "k": c.qkv_bias, "v": c.qkv_bias, "o": c.o_bias,
+            "fc": True, "proj": True, "gate": c.mlp_bias, "up": c.mlp_bias, "down": c.mlp_bias}
+    for i in range(c.num_layers):
+        for norm in ("attn_norm", "mlp_norm"):
+            shapes[f"layers.{i}.{norm}.weight"] = (d,)
+            if gpt2:
+                shapes[f"layers.{i}.{norm}.bias"] = (d,)
+        for name, shape in linears.items():
+            shapes[f"layers.{i}.{name}.weight"] = shape
+            if bias[name]:
+                shapes[f"layers.{i}.{name}.bias"] = (shape[0],)
+    shapes["final_norm.weight"] = (d,)
+    if gpt2:
+        shapes["final_norm.bias"] = (d,)
+    if not gpt2 and not c.tie_word_embeddings:  # GPT-2 checkpoints always tie their head
+        shapes["lm_head"] = (v, d)
+    return shapes
+
+
 def load_weights(folder: str | Path, config: ModelConfig) -> dict[str, np.ndarray]:
     """Read and map a checkpoint folder's weights (float32/float16 as stored; bf16 → float32)."""
     tensors, origin = read_checkpoint(folder)

@@ -13,6 +13,7 @@ import numpy as np
 
 from tinyinfer.config import ModelConfig, rope_inverse_frequencies
 from tinyinfer.model.runner import Batch
+from tinyinfer.quant import QuantizedWeight, dequantize, dequantize_kv, quantize_kv
 
 
 # ---------------------------------------------------------------- operations
@@ -23,8 +24,14 @@ def embedding(table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
     return table[token_ids]
 
 
-def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-    """y = x W^T + b.  x: [T, in], weight: [out, in] -> [T, out]."""
+def linear(x: np.ndarray, weight: np.ndarray | QuantizedWeight,
+           bias: np.ndarray | None = None) -> np.ndarray:
+    """y = x W^T + b.  x: [T, in], weight: [out, in] -> [T, out].
+
+    A quantized weight stays int8/int4 in memory and is dequantized here, on every call.
+    """
+    if isinstance(weight, QuantizedWeight):
+        weight = dequantize(weight).astype(x.dtype)
     y = x @ weight.T
     return y if bias is None else y + bias
 
@@ -100,15 +107,24 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
 
 @dataclass
 class NumpyKVCache:
-    """K and V pages per layer: k[layer] is [P, S, Hkv, hd]."""
+    """K and V pages per layer: k[layer] is [P, S, Hkv, hd].
+
+    With int8 K/V, k and v hold int8 codes and k_scale / v_scale[layer] one float16 scale
+    per token and head, [P, S, Hkv]: a quarter of float32's bytes, plus the scales.
+    """
 
     k: list[np.ndarray]
     v: list[np.ndarray]
     block_size: int
+    k_scale: list[np.ndarray] | None = None
+    v_scale: list[np.ndarray] | None = None
 
     def write(self, layer: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Store new tokens' K/V [T, Hkv, hd] at their slots (page * S + offset)."""
         pages, offsets = slots // self.block_size, slots % self.block_size
+        if self.k_scale is not None and self.v_scale is not None:
+            k, self.k_scale[layer][pages, offsets] = quantize_kv(k)
+            v, self.v_scale[layer][pages, offsets] = quantize_kv(v)
         self.k[layer][pages, offsets] = k
         self.v[layer][pages, offsets] = v
 
@@ -118,6 +134,9 @@ class NumpyKVCache:
         pages = list(block_table)
         k = self.k[layer][pages].reshape(-1, *self.k[layer].shape[2:])[:length]
         v = self.v[layer][pages].reshape(-1, *self.v[layer].shape[2:])[:length]
+        if self.k_scale is not None and self.v_scale is not None:
+            k = dequantize_kv(k, self.k_scale[layer][pages].reshape(-1, k.shape[1])[:length])
+            v = dequantize_kv(v, self.v_scale[layer][pages].reshape(-1, v.shape[1])[:length])
         return k, v
 
 
@@ -129,23 +148,33 @@ class NumpyRunner:
 
     name = "numpy"
 
-    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray],
-                 dtype: str = "float32"):
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray | QuantizedWeight],
+                 dtype: str = "float32", kv_int8: bool = False):
         if dtype not in ("float32", "float64"):
             raise ValueError(f"the NumPy runner computes in float32 or float64, not {dtype}")
         self.config = config
         self.dtype = np.dtype(dtype)
+        self.kv_int8 = kv_int8
         # Opt-in detail for UIs: per sequence of the last batch, per layer, the attention
         # weights [H, N] of its last query row.
         self.capture_attention = False
         self.last_attention: list[list[np.ndarray]] = []
-        self.w = {name: np.asarray(value, dtype=self.dtype) for name, value in weights.items()}
+        self.w = {name: value if isinstance(value, QuantizedWeight) else np.asarray(value, dtype=self.dtype)
+                  for name, value in weights.items()}
         if config.uses_rope:
             self.inv_freq = np.asarray(rope_inverse_frequencies(config), dtype=np.float64)
 
     def new_kv_cache(self, num_pages: int, block_size: int) -> NumpyKVCache:
         c = self.config
         shape = (num_pages, block_size, c.num_kv_heads, c.head_dim)
+        if self.kv_int8:
+            return NumpyKVCache(
+                k=[np.zeros(shape, np.int8) for _ in range(c.num_layers)],
+                v=[np.zeros(shape, np.int8) for _ in range(c.num_layers)],
+                block_size=block_size,
+                k_scale=[np.zeros(shape[:3], np.float16) for _ in range(c.num_layers)],
+                v_scale=[np.zeros(shape[:3], np.float16) for _ in range(c.num_layers)],
+            )
         return NumpyKVCache(
             k=[np.zeros(shape, self.dtype) for _ in range(c.num_layers)],
             v=[np.zeros(shape, self.dtype) for _ in range(c.num_layers)],
@@ -156,6 +185,9 @@ class NumpyRunner:
         for layer in range(self.config.num_layers):
             kv_cache.k[layer][dst] = kv_cache.k[layer][src]
             kv_cache.v[layer][dst] = kv_cache.v[layer][src]
+            if kv_cache.k_scale is not None and kv_cache.v_scale is not None:
+                kv_cache.k_scale[layer][dst] = kv_cache.k_scale[layer][src]
+                kv_cache.v_scale[layer][dst] = kv_cache.v_scale[layer][src]
 
     def forward(self, batch: Batch, kv_cache: NumpyKVCache) -> np.ndarray:
         """Embed, run every layer, and return logits for the batch's logits_rows. -> [R, V]."""

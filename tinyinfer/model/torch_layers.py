@@ -12,14 +12,113 @@ B sequences, P pages, S tokens per page, W page slots in a block-table row, V vo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tinyinfer.quant import QuantizedWeight
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """y = x W^T + b.  x: [T, in], weight: [out, in] -> [T, out]."""
-    return F.linear(x, weight, bias)
+
+@dataclass(frozen=True)
+class Int8Weight:
+    """Weight-only int8 on the device: codes [out, in] and one scale per output row [out]."""
+
+    codes: Tensor  # int8 [out, in]
+    scales: Tensor  # [out], compute dtype
+
+
+@dataclass(frozen=True)
+class Int4Weight:
+    """Weight-only int4 in the tiled layout of torch's int4 matmul (tinygemm on CUDA, its CPU twin)."""
+
+    packed: Tensor  # kernel layout, made by torch._convert_weight_to_int4pack(_for_cpu)
+    scales_and_zeros: Tensor  # [groups, out, 2]: weight = (nibble - 8) * scale + zero
+    group_size: int
+
+
+@dataclass(frozen=True)
+class Int4GroupWeight:
+    """Weight-only int4 for shapes the kernel cannot take: dequantized inside every product."""
+
+    packed: Tensor  # uint8 [out, ceil(in / 2)], even column in the low nibble
+    scales: Tensor  # [out, groups], compute dtype
+    zeros: Tensor  # [out, groups], the code that stands for 0.0
+    group_size: int
+    in_features: int
+
+
+QuantWeight = Int8Weight | Int4Weight | Int4GroupWeight
+
+
+def linear(x: Tensor, weight: Tensor | QuantWeight, bias: Tensor | None) -> Tensor:
+    """y = x W^T + b.  x: [T, in], weight: [out, in] (or a quantized one) -> [T, out]."""
+    if isinstance(weight, Tensor):
+        return F.linear(x, weight, bias)
+    y = quantized_matmul(x, weight)
+    return y if bias is None else y + bias
+
+
+def quantized_matmul(x: Tensor, w: QuantWeight) -> Tensor:
+    """x W^T with W stored in int8 / int4: torch's weight-only kernels where they apply.  x: [T, in]."""
+    on_cpu = x.device.type == "cpu"
+    if isinstance(w, Int8Weight):
+        if on_cpu:
+            return torch._weight_int8pack_mm(x, w.codes, w.scales)
+        # Per-row scales factor out of the product; torch.compile fuses the int8 -> float
+        # conversion into the matmul's loads, so the weights cross memory as one byte each.
+        return F.linear(x, w.codes.to(x.dtype)) * w.scales
+    if isinstance(w, Int4Weight):
+        mm = torch._weight_int4pack_mm_for_cpu if on_cpu else torch._weight_int4pack_mm
+        return mm(x, w.packed, w.group_size, w.scales_and_zeros)
+    codes = unpack_int4(w.packed, w.in_features)  # [out, in]
+    scales = w.scales.repeat_interleave(w.group_size, dim=1)[:, :w.in_features]
+    zeros = w.zeros.repeat_interleave(w.group_size, dim=1)[:, :w.in_features]
+    return F.linear(x, (codes.to(scales.dtype) - zeros) * scales)
+
+
+def unpack_int4(packed: Tensor, n: int) -> Tensor:
+    """Two codes per byte, even column low.  uint8 [out, ceil(n / 2)] -> uint8 [out, n]."""
+    return torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten(-2)[:, :n]
+
+
+def int4_kernel_fits(out: int, n: int, group_size: int, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch's int4 kernel takes this shape: whole groups, and its tile multiples."""
+    if n % group_size:
+        return False
+    if device.type == "cpu":
+        return out % 16 == 0
+    return dtype == torch.bfloat16 and out % 8 == 0 and n % 32 == 0
+
+
+def device_weight(qw: QuantizedWeight, device: torch.device, dtype: torch.dtype) -> QuantWeight:
+    """Move a quantized weight to the device in the layout its matmul reads."""
+    def to_device(array: np.ndarray) -> Tensor:
+        return torch.from_numpy(np.require(array, requirements=["C", "W"])).to(device)
+
+    out, n = qw.shape
+    scales = to_device(qw.scales).float()  # [out, groups]
+    if qw.config.bits == 8:
+        return Int8Weight(to_device(qw.data), scales[:, 0].to(dtype))
+    packed = to_device(qw.data)
+    if qw.zeros is None:
+        zeros = torch.full_like(scales, 8.0)
+    else:
+        zeros = unpack_int4(to_device(qw.zeros), qw.num_groups).float()
+    if not int4_kernel_fits(out, n, qw.group_size, device, dtype):
+        return Int4GroupWeight(packed, scales.to(dtype), zeros.to(dtype), qw.group_size, n)
+    # The kernel computes (nibble - 8) * scale + zero; ours is (nibble - z) * scale.
+    offsets = (8.0 - zeros) * scales
+    scales_and_zeros = torch.stack([scales.T, offsets.T], dim=-1).to(dtype).contiguous()
+    if device.type == "cpu":
+        tiled = torch._convert_weight_to_int4pack_for_cpu(unpack_int4(packed, n).to(torch.int32), 2)
+    else:
+        inner_k_tiles = 8 if n % 128 == 0 else 4 if n % 64 == 0 else 2
+        swapped = ((packed & 0x0F) << 4) | (packed >> 4)  # the CUDA kernel wants the even column high
+        tiled = torch._convert_weight_to_int4pack(swapped.contiguous(), inner_k_tiles)
+    return Int4Weight(tiled, scales_and_zeros, qw.group_size)
 
 
 def norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:

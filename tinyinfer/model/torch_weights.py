@@ -16,10 +16,13 @@ from torch import Tensor
 
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
+from tinyinfer.model.torch_layers import QuantWeight, device_weight
+from tinyinfer.quant import QuantizedWeight, concat_out
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 Pair = tuple[Tensor, Tensor | None]  # (weight, bias or None)
+LinearPair = tuple[Tensor | QuantWeight, Tensor | None]  # a linear weight may be int8 / int4
 
 
 @dataclass(frozen=True)
@@ -27,11 +30,11 @@ class LayerWeights:
     """One transformer block's weights, fused and on the device."""
 
     attn_norm: Pair
-    qkv: Pair  # [(H + 2 Hkv) hd, D]
-    o: Pair  # [D, H hd]
+    qkv: LinearPair  # [(H + 2 Hkv) hd, D]
+    o: LinearPair  # [D, H hd]
     mlp_norm: Pair
-    mlp_in: Pair  # gate|up [2F, D] (Llama) or fc [F, D] (GPT-2)
-    mlp_out: Pair  # down / proj [D, F]
+    mlp_in: LinearPair  # gate|up [2F, D] (Llama) or fc [F, D] (GPT-2)
+    mlp_out: LinearPair  # down / proj [D, F]
 
 
 @dataclass(frozen=True)
@@ -45,9 +48,12 @@ class DeviceWeights:
     layers: list[LayerWeights]
 
     @classmethod
-    def load(cls, config: ModelConfig, weights: Mapping[str, np.ndarray | Tensor],
+    def load(cls, config: ModelConfig, weights: Mapping[str, np.ndarray | Tensor | QuantizedWeight],
              device: torch.device, dtype: torch.dtype) -> DeviceWeights:
-        """Move named weights (the reference's names) to the device, fusing q|k|v and gate|up."""
+        """Move named weights (the reference's names) to the device, fusing q|k|v and gate|up.
+
+        Quantized linear weights stay int8 / int4, in the layout of their matmul kernel.
+        """
 
         def get(name: str) -> Tensor | None:
             if name not in weights:
@@ -56,10 +62,15 @@ class DeviceWeights:
             if isinstance(value, np.ndarray):
                 value = torch.from_numpy(np.require(value, requirements=["C", "W"]))
             if not isinstance(value, Tensor):
-                raise TinyInferError(
-                    f"weight {name} is a {type(value).__name__}, but the torch runner takes float "
-                    "weights: load without quantize= or use runner='numpy'")
+                raise TinyInferError(f"weight {name} is a {type(value).__name__}, not an array: "
+                                     "only the blocks' linear layers can be quantized")
             return value.to(device=device, dtype=dtype)
+
+        def linear_weight(prefix: str, names: tuple[str, ...]) -> Tensor | QuantWeight:
+            parts = [weights.get(f"{prefix}{n}.weight") for n in names]
+            if all(isinstance(p, QuantizedWeight) for p in parts):
+                return device_weight(concat_out(parts), device, dtype)  # type: ignore[arg-type]
+            return torch.cat([need(f"{prefix}{n}.weight") for n in names])
 
         def need(name: str) -> Tensor:
             tensor = get(name)
@@ -78,11 +89,11 @@ class DeviceWeights:
             p = f"layers.{i}."
             layers.append(LayerWeights(
                 attn_norm=(need(f"{p}attn_norm.weight"), get(f"{p}attn_norm.bias")),
-                qkv=(torch.cat([need(f"{p}{n}.weight") for n in "qkv"]), fused(p, ("q", "k", "v"), "bias")),
-                o=(need(f"{p}o.weight"), get(f"{p}o.bias")),
+                qkv=(linear_weight(p, ("q", "k", "v")), fused(p, ("q", "k", "v"), "bias")),
+                o=(linear_weight(p, ("o",)), get(f"{p}o.bias")),
                 mlp_norm=(need(f"{p}mlp_norm.weight"), get(f"{p}mlp_norm.bias")),
-                mlp_in=(torch.cat([need(f"{p}{n}.weight") for n in mlp_in]), fused(p, mlp_in, "bias")),
-                mlp_out=(need(f"{p}{mlp_out}.weight"), get(f"{p}{mlp_out}.bias")),
+                mlp_in=(linear_weight(p, mlp_in), fused(p, mlp_in, "bias")),
+                mlp_out=(linear_weight(p, (mlp_out,)), get(f"{p}{mlp_out}.bias")),
             ))
         embed, head = need("embed"), get("lm_head")
         return cls(embed=embed, pos_embed=get("pos_embed"), head=embed if head is None else head,
@@ -94,12 +105,19 @@ class DeviceWeights:
         The input embedding (and GPT-2's position table) is read one row per token, so it counts
         only when it is also the head.
         """
-        tensors: list[Tensor | None] = [self.head, *self.final_norm]
+        tensors: list[Tensor | QuantWeight | None] = [self.head, *self.final_norm]
         for layer in self.layers:
             for pair in (layer.attn_norm, layer.qkv, layer.o, layer.mlp_norm, layer.mlp_in,
                          layer.mlp_out):
                 tensors.extend(pair)
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        return sum(_nbytes(t) for t in tensors if t is not None)
+
+
+def _nbytes(value: Tensor | QuantWeight) -> int:
+    """Bytes of a tensor, or of every tensor a quantized weight holds (codes, scales, zeros)."""
+    if isinstance(value, Tensor):
+        return value.numel() * value.element_size()
+    return sum(_nbytes(part) for part in vars(value).values() if isinstance(part, Tensor))
 
 
 def pick_device(device: str | None) -> torch.device:

@@ -1,0 +1,238 @@
+"""Batch-1 decode speed of weight-only int8 / int4 against bf16 on a CUDA GPU (issue 7).
+
+    PYTHONPATH=. python scripts/gpu_quant_bench.py               # JSON to $OUT/gpu_quant_bench.json
+    PYTHONPATH=. python scripts/gpu_quant_bench.py --smoke       # tiny shapes, any device: a dry run
+
+(a) correctness: on a small random model, the torch runner's quantized logits (bf16, the
+    int8 / int4 kernels) against the float64 NumPy reference holding the same quantized weights.
+(b) speed: batch-1 decode of the llama-3-8b and llama-3.2-1b shapes in bf16, int4-g128 and
+    int8, through the runner's defaults on CUDA (torch.compile + CUDA graphs). Linear weights
+    are random codes with random scales (one draw per matrix shape, stored once per layer):
+    speed does not depend on the values. The roofline is the bytes one decode step must read
+    (weights streamed + KV) over the device-to-device copy bandwidth measured in this run.
+(c) the batch-1 matrix products of the 8B shape in each format, one layer after another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_check import (BENCH_CONFIGS, BLOCK, CHECK_CONFIGS, SMOKE_BENCH, check_schedule,  # noqa: E402
+                       copy_bandwidth, environment, graph_us_per_call, log, median_ms, numpy_weights,
+                       relative_error, run_schedule)
+
+from tinyinfer.config import ModelConfig, config_from_dict  # noqa: E402
+from tinyinfer.model import torch_layers as layers  # noqa: E402
+from tinyinfer.model.numpy_ref import NumpyRunner  # noqa: E402
+from tinyinfer.model.runner import make_batch  # noqa: E402
+from tinyinfer.model.torch_fast import TorchRunner  # noqa: E402
+from tinyinfer.model.torch_weights import random_weights  # noqa: E402
+from tinyinfer.quant import QuantConfig, QuantizedWeight, is_quantized_name, quantize_weights  # noqa: E402
+
+FORMATS = ("bf16", "int4-g128", "int8")
+
+
+def check_quantized_logits(device: torch.device, formats: tuple[str, ...]) -> dict[str, Any]:
+    """Relative error of bf16 quantized logits vs the float64 reference on the same codes."""
+    config = config_from_dict(CHECK_CONFIGS["llama-gqa"])
+    steps = check_schedule(config.vocab_size, seed=3)
+    floats = numpy_weights(config, seed=4)
+    out = {}
+    for fmt in formats:
+        weights = quantize_weights(floats, QuantConfig.parse(fmt))
+        ref = run_schedule(NumpyRunner(config, weights, dtype="float64"), steps)
+        runner = TorchRunner(config, weights, device=str(device), dtype="bfloat16", compile=False,
+                             cuda_graphs=False)
+        kinds = sorted({type(layer.qkv[0]).__name__ for layer in runner.w.layers})
+        ours = run_schedule(runner, steps)
+        error = max(relative_error(a, b) for a, b in zip(ours, ref))
+        out[fmt] = {"relative_error": error, "weight_kinds": kinds, "ok": error < 3e-2}
+        log(f"check {fmt}: bf16 vs float64 reference, relative error {error:.2e} ({', '.join(kinds)})")
+    return out
+
+
+def random_quantized(shape: tuple[int, int], qconfig: QuantConfig, rng: np.random.Generator) -> QuantizedWeight:
+    """A weight of this shape and format with random codes and scales near a trained model's."""
+    out, n = shape
+    groups = math.ceil(n / (qconfig.group_size or n))
+    if qconfig.bits == 8:
+        data = rng.integers(-127, 128, (out, n), dtype=np.int8)
+    else:
+        data = rng.integers(0, 256, (out, math.ceil(n / 2)), dtype=np.uint8)
+    scales = rng.uniform(0.5, 1.5, (out, groups)).astype(np.float16) * np.float16(0.02 / 64)
+    zeros = None if qconfig.symmetric else rng.integers(0, 256, (out, math.ceil(groups / 2)), dtype=np.uint8)
+    return QuantizedWeight(data, scales, zeros, n, qconfig)
+
+
+def bench_weights(config: ModelConfig, fmt: str, device: torch.device) -> dict[str, Any]:
+    """Random weights of a shape: bf16 on the device, linear layers replaced by quantized ones."""
+    weights: dict[str, Any] = random_weights(config, device=str(device), dtype="bfloat16")
+    if fmt == "bf16":
+        return weights
+    qconfig = QuantConfig.parse(fmt)
+    rng = np.random.default_rng(0)
+    drawn: dict[tuple[int, int], QuantizedWeight] = {}
+    for name in [n for n in weights if is_quantized_name(n)]:
+        shape = tuple(weights[name].shape)
+        weights[name] = drawn.setdefault(shape, random_quantized(shape, qconfig, rng))  # type: ignore[arg-type]
+    return weights
+
+
+def decode_speed(name: str, raw: dict[str, Any], fmt: str, bandwidth: float, device: torch.device,
+                 prompt_len: int, decode_steps: int) -> tuple[dict[str, Any], TorchRunner]:
+    """Batch-1 greedy decode after a prompt: engine-facing forward and CUDA-graph replay."""
+    torch._dynamo.reset()  # compile each model fresh: no recompiles, no dynamic shapes
+    config = config_from_dict(raw)
+    t0 = time.perf_counter()
+    runner = TorchRunner(config, bench_weights(config, fmt, device), device=str(device), dtype="bfloat16")
+    build_s = time.perf_counter() - t0
+    weight_bytes = runner.w.streamed_bytes()
+    kv_token_bytes = config.kv_bytes_per_token(2)
+    table = list(range(math.ceil((prompt_len + decode_steps + 64) / BLOCK)))
+    kv = runner.new_kv_cache(len(table), BLOCK)
+    prompt = np.random.default_rng(1).integers(0, config.vocab_size, prompt_len).tolist()
+    logits = runner.forward(make_batch([(prompt, 0, table, False)], BLOCK), kv)
+    position = prompt_len
+
+    def decode_once() -> float:
+        nonlocal logits, position
+        batch = make_batch([([int(logits[-1].argmax())], position, table, False)], BLOCK)
+        start = time.perf_counter()
+        logits = runner.forward(batch, kv)
+        position += 1
+        return (time.perf_counter() - start) * 1e3
+
+    t0 = time.perf_counter()
+    for _ in range(3):  # compile and graph capture happen here
+        decode_once()
+    warmup_s = time.perf_counter() - t0
+    forward_ms = statistics.median(decode_once() for _ in range(decode_steps))
+    context = position - decode_steps // 2
+    replay_ms = float("nan")
+    if kv.graphs is not None and 1 in kv.graphs.graphs:
+        replay_ms = median_ms(kv.graphs.graphs[1][0].replay, 100, device)
+
+    def roofline(ms: float, ctx: int) -> dict[str, float]:
+        floor_ms = (weight_bytes + ctx * kv_token_bytes) / (bandwidth * 1e9) * 1e3
+        return {"ms_per_token": ms, "tokens_per_s": 1e3 / ms, "context": ctx, "roofline_ms": floor_ms,
+                "roofline_tokens_per_s": 1e3 / floor_ms, "percent_of_roofline": 100 * floor_ms / ms}
+
+    result = {"model": name, "format": fmt, "runner": runner.describe(), "streamed_weight_bytes": weight_bytes,
+              "build_s": build_s, "warmup_s": warmup_s, "forward_call": roofline(forward_ms, context),
+              "graph_replay": roofline(replay_ms, position - 1)}
+    log(f"{name} {fmt}: {1e3 / forward_ms:.1f} tok/s per forward call, {1e3 / replay_ms:.1f} tok/s "
+        f"graph replay, {result['graph_replay']['percent_of_roofline']:.0f}% of roofline "
+        f"({weight_bytes / 1e9:.2f} GB streamed; build {build_s:.0f} s, warm-up {warmup_s:.0f} s)")
+    return result, runner
+
+
+def matmul_microbench(runner: TorchRunner, fmt: str, device: torch.device) -> dict[str, Any]:
+    """Batch-1 product with each kind of linear weight, every layer's in turn (L2 holds none)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(layers.linear)
+    c = runner.config
+    widths = {"qkv": c.hidden_size, "o": c.num_heads * c.head_dim, "mlp_in": c.hidden_size,
+              "mlp_out": c.intermediate_size}
+    out: dict[str, Any] = {}
+    for kind, width in widths.items():
+        weights = [getattr(layer, kind)[0] for layer in runner.w.layers]
+        x = torch.randn((1, width), device=device, dtype=torch.bfloat16)
+        nbytes = sum(t.numel() * t.element_size() for t in _tensors(weights[0]))
+        variants = {"eager": lambda i: layers.linear(x, weights[i], None),
+                    "compiled": lambda i: compiled(x, weights[i], None)}
+        if isinstance(weights[0], layers.Int8Weight):
+            variants["aten _weight_int8pack_mm"] = lambda i: torch._weight_int8pack_mm(
+                x, weights[i].codes, weights[i].scales)
+        for variant, call in variants.items():
+            try:
+                us = graph_us_per_call(call, len(weights), device)
+            except (RuntimeError, NotImplementedError) as exc:
+                out[f"{kind}, {variant}"] = {"error": str(exc).splitlines()[0][:200]}
+                log(f"  {fmt} {kind} {variant}: not available ({out[f'{kind}, {variant}']['error']})")
+                continue
+            out[f"{kind}, {variant}"] = {"us": us, "GBps": nbytes / (us * 1e-6) / 1e9, "bytes": nbytes}
+            log(f"  {fmt} {kind} {variant}: {us:.1f} us, {nbytes / (us * 1e-6) / 1e9:.0f} GB/s")
+    return out
+
+
+def _tensors(weight: Any) -> list[torch.Tensor]:
+    if isinstance(weight, torch.Tensor):
+        return [weight]
+    return [v for v in vars(weight).values() if isinstance(v, torch.Tensor)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, any device")
+    parser.add_argument("--budget-s", type=float, default=300.0,
+                        help="start no new model after this many seconds (default: 300)")
+    parser.add_argument("--out", default=None, help="JSON path (default: $OUT/gpu_quant_bench.json)")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    out_path = Path(args.out or os.path.join(os.environ.get("OUT", "."), "gpu_quant_bench.json"))
+    report: dict[str, Any] = {"environment": environment(device)}
+    report["bandwidth_GBps"] = copy_bandwidth(device, 2**28 if args.smoke else 2**31)
+    log(f"device-to-device copy: {report['bandwidth_GBps']:.0f} GB/s (read + write)")
+    report["check"] = check_quantized_logits(device, ("int8", "int4-g128", "int4-g32-asym"))
+    configs = SMOKE_BENCH if args.smoke else {k: BENCH_CONFIGS[k] for k in ("llama-3-8b", "llama-3.2-1b")}
+    report["decode"], report["matmul"] = [], {}
+    for name, raw in configs.items():
+        for fmt in FORMATS:
+            if time.perf_counter() - start > args.budget_s:
+                log(f"skipped {name} {fmt}: past the {args.budget_s:.0f} s budget")
+                continue
+            try:  # one failing variant must not cost the others their numbers
+                result, runner = decode_speed(name, raw, fmt, report["bandwidth_GBps"], device,
+                                              prompt_len=128, decode_steps=10 if args.smoke else 40)
+                report["decode"].append(result)
+                if name == next(iter(configs)) and device.type == "cuda":
+                    report["matmul"][fmt] = matmul_microbench(runner, fmt, device)
+                del runner
+            except Exception as exc:  # noqa: BLE001 - recorded in the report and the log
+                report.setdefault("errors", []).append(f"{name} {fmt}: {type(exc).__name__}: {exc}")
+                log(f"FAILED {name} {fmt}: {type(exc).__name__}: {exc}")
+            gc.collect()
+            torch.cuda.empty_cache()
+            out_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    report["seconds"] = time.perf_counter() - start
+    out_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print_summary(report)
+    return 0
+
+
+def print_summary(report: dict[str, Any]) -> None:
+    """The decode table, with each format's speed-up over bf16 on the same shape."""
+    env = report["environment"]
+    print(f"\n{env.get('card', env['device'])}, torch {env['torch']}, copy {report['bandwidth_GBps']:.0f} GB/s")
+    for fmt, check in report["check"].items():
+        print(f"check {fmt}: relative error {check['relative_error']:.2e} {'ok' if check['ok'] else 'FAILED'}")
+    for error in report.get("errors", []):
+        print(f"error: {error}")
+    print(f"{'model':<14} {'format':<10} {'tok/s fwd':>9} {'tok/s graph':>11} {'roofline':>9} "
+          f"{'% roof':>7} {'vs bf16':>8} {'GB/step':>8}")
+    bf16 = {r["model"]: r["forward_call"]["tokens_per_s"] for r in report["decode"] if r["format"] == "bf16"}
+    for r in report["decode"]:
+        fwd, graph = r["forward_call"], r["graph_replay"]
+        speedup = fwd["tokens_per_s"] / bf16[r["model"]] if r["model"] in bf16 else float("nan")
+        print(f"{r['model']:<14} {r['format']:<10} {fwd['tokens_per_s']:>9.1f} {graph['tokens_per_s']:>11.1f} "
+              f"{graph['roofline_tokens_per_s']:>9.1f} {graph['percent_of_roofline']:>6.0f}% "
+              f"{speedup:>7.2f}x {r['streamed_weight_bytes'] / 1e9:>8.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

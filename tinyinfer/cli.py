@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Sequence
 
-from tinyinfer import cli_lesson, cli_serve, cli_simulate
+from tinyinfer import cli_lesson, cli_quantize, cli_serve, cli_simulate
 from tinyinfer.errors import TinyInferError
 from tui import cli as tui_cli
 
@@ -20,6 +20,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (torch runner)")
     parser.add_argument("--dtype", default=None,
                         help="float32/float64 (numpy); float32/float16/bfloat16 (torch)")
+    parser.add_argument("--quantize", default=None, metavar="FORMAT",
+                        help="quantize linear weights as they load: int8, int4, int4-g64, "
+                             "int4-g32-asym, ...")
     parser.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                         help="split the model over N processes (GPUs with NCCL, CPU with gloo); "
                              "torch runner")
@@ -35,8 +38,9 @@ def load_model(args: argparse.Namespace):
         from tinyinfer.tp_launch import load_tensor_parallel
 
         return load_tensor_parallel(args.model, tensor_parallel=args.tensor_parallel,
-                                    device=args.device, dtype=args.dtype)
-    return tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype)
+                                    device=args.device, dtype=args.dtype, quantize=args.quantize)
+    return tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype,
+                          quantize=args.quantize)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -249,8 +253,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     from tinyinfer.config import load_config
     from tinyinfer.loading import resolve_source
 
+    from tinyinfer.quant import read_quant_config, weight_memory_table
+
     path, name = resolve_source(args.model)
     c = load_config(path)
+    saved = read_quant_config(path)
     params = c.num_parameters
     rows = [
         ("model", f"{name} ({path})"),
@@ -266,18 +273,23 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("context", f"{c.max_model_len} tokens"),
         ("parameters", f"{params:,}"),
         ("stored as", c.dtype),
-        ("weights fp32 / 16-bit", f"{_human_bytes(4 * params)} / {_human_bytes(2 * params)}"),
+        *[(f"weights {r.format}", f"{_human_bytes(r.total_bytes)} "
+                                  f"({r.bits_per_parameter:.2f} bits/param)")
+          for r in weight_memory_table(c)],
         ("KV cache per token", f"{_human_bytes(c.kv_bytes_per_token(2))} at 16-bit, "
                                f"{_human_bytes(c.kv_bytes_per_token(4))} at fp32"),
         ("KV cache, full context", _human_bytes(c.kv_bytes_per_token(2) * c.max_model_len) + " at 16-bit"),
     ]
+    if saved is not None:
+        rows.append(("quantized as", saved.name))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     return 0
 
 
-FRONT_ENDS = {"serve": cli_serve, "tui": tui_cli, "lesson": cli_lesson, "simulate": cli_simulate}
+FRONT_ENDS = {"serve": cli_serve, "tui": tui_cli, "lesson": cli_lesson, "simulate": cli_simulate,
+              "quantize": cli_quantize}
 COMMANDS = {"generate": cmd_generate, "info": cmd_info, "bench": cmd_bench,
             **{name: module.run for name, module in FRONT_ENDS.items()}}
 

@@ -95,11 +95,13 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
     group = num_heads // num_kv_heads
     k = np.repeat(k, group, axis=1)  # [N, H, hd]
     v = np.repeat(v, group, axis=1)
-    scores = np.einsum("thd,nhd->htn", q, k) / np.sqrt(q.shape[-1])  # [H, Tq, N]
+    # Batched over heads: [H, Tq, hd] @ [H, hd, N] -> [H, Tq, N] (matmul uses BLAS).
+    scores = q.transpose(1, 0, 2) @ k.transpose(1, 2, 0) / np.sqrt(q.shape[-1])
     future = np.arange(k.shape[0])[None, :] > q_positions[:, None]  # [Tq, N]
     scores = np.where(future[None], -np.inf, scores)
     weights = softmax(scores, axis=-1)
-    return np.einsum("htn,nhd->thd", weights, v), weights
+    out = weights @ v.transpose(1, 0, 2)  # [H, Tq, N] @ [H, N, hd] -> [H, Tq, hd]
+    return out.transpose(1, 0, 2), weights
 
 
 # ---------------------------------------------------------------- paged KV storage

@@ -29,6 +29,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="draft model for speculative decoding (default: bundled-draft with the "
                              "bundled model, else prompt lookup, which needs no second model)")
     parser.add_argument("--num-draft", type=int, default=4, help="tokens drafted per step (default: 4)")
+    parser.add_argument("--quantize", default=None, metavar="FORMAT",
+                        help="load the weights quantized: int8, int4, int4-g64, int4-g32-asym, ... "
+                             "(shows the Quantization panel; m switches precision inside)")
     parser.add_argument("--replay", type=Path, default=None, metavar="FILE",
                         help="replay a recorded trace (JSON lines) without loading a model")
     parser.add_argument("--record", type=Path, default=None, metavar="FILE",
@@ -51,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     options = Options(model=args.model, runner=args.runner, device=args.device,
                       scenario=args.scenario, speculative=args.speculative,
-                      draft_model=args.draft_model, num_draft=args.num_draft,
+                      draft_model=args.draft_model, num_draft=args.num_draft, quantize=args.quantize,
                       replay=args.replay, record=args.record,
                       seed=args.seed, walkthrough=not args.free, show_timings=not args.no_timings)
     TinyInferApp(options).run()

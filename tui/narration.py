@@ -212,6 +212,24 @@ def _all_done(frame: Frame) -> Narration:
         "metrics")
 
 
+PRECISION_NOTES = {
+    "fp32": "32-bit floats as trained: no rounding at all",
+    "int8": "each weight rounded to one of 256 steps of its output row's scale, a quarter of "
+            "fp32's bytes",
+    "int4": "each weight rounded to one of 16 steps of its group's scale (128 inputs per group), "
+            "an eighth of fp32's bytes",
+}
+
+
+def precision_switched(precision: str, before: str) -> str:
+    """The walkthrough's opening after m reloaded the model at another weight precision."""
+    note = PRECISION_NOTES.get(precision.split("-")[0], precision)
+    return (f"The model was reloaded with {precision} linear weights ({note}); before it ran "
+            f"{before}. This is a new engine at the same prompt and seed, so the Next token "
+            "panel's probabilities differ only by the rounding; the Quantization panel shows "
+            "each weight's relative error.")
+
+
 def narrate(frame: Frame, intro: str = "", block_size: int = 16) -> Narration:
     """Explain the frame on screen, most instructive event first."""
     if frame.event == "start":

@@ -17,6 +17,7 @@ class Options:
     speculative: bool = False  # start with speculative decoding on (the speculative scenario does)
     draft_model: str | None = None  # None: bundled-draft for the bundled model, else prompt lookup
     num_draft: int = 4
+    quantize: str | None = None  # weight format to load with (int8, int4, ...); None: the scenario's
     replay: Path | None = None
     record: Path | None = None
     seed: int = 0

@@ -29,6 +29,7 @@ class Scenario:
     max_num_batched_tokens: int = 256
     temperature: float = 0.8
     speculative: bool = False  # start with speculative decoding on
+    quantize: str | None = None  # weight precision ("fp32", "int8", "int4", ...); None: not a topic
 
     def with_prompt(self, prompt: str) -> Scenario:
         """The same engine shape running one new prompt from step 0."""
@@ -106,6 +107,14 @@ SCENARIOS: dict[str, Scenario] = {
             num_pages=24,
             temperature=0.0,
             speculative=True,
+        ),
+        Scenario(
+            name="quantization",
+            title="int8 / int4 weights: rounding error and the next token",
+            intro="The model's linear weights are rounded to int8 (m switches fp32, int8, int4).",
+            arrivals=(Arrival("ROMEO:\nBut soft, what light through yonder window breaks?\n", 0, 24),),
+            num_pages=24,
+            quantize="int8",
         ),
     )
 }

@@ -15,6 +15,7 @@ from pathlib import Path
 import tinyinfer
 from tinyinfer.errors import TinyInferError
 from tinyinfer.loading import BUNDLED
+from tinyinfer.quant import QuantConfig
 from tinyinfer.speculative import DraftModelDrafter, Drafter, PromptLookupDrafter
 from tinyinfer.trace import StepTrace, read_trace
 
@@ -34,6 +35,7 @@ class Source:
     runner: str  # "numpy", "torch" or "replay"
     scenario: str
     drafter: str = ""  # the speculative drafter in words; empty when speculative decoding is off
+    precision: str = ""  # weight precision (fp32, int8, ...) when the run is about it, else empty
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,8 @@ class Session:
             drafter=speculation.make() if speculating else None,
             num_draft=speculation.num_draft if speculating else 4)
         source = Source(model.name, model.runner.name, scenario.name,
-                        speculation.name if speculating else "")
+                        speculation.name if speculating else "",
+                        precision_of(model) if scenario.quantize is not None else "")
         itemsize = getattr(getattr(model.runner, "dtype", None), "itemsize", None)
         page_bytes = (model.config.kv_bytes_per_token(itemsize) * scenario.block_size
                       if isinstance(itemsize, int) else None)
@@ -114,6 +117,14 @@ class Session:
                 raise TinyInferError("speculative decoding needs a drafter, and none was set up")
             speculation = dataclasses.replace(speculation, on=speculative)
         return Session.live(self.engine.model, scenario, self._seed, self.record, speculation)
+
+    def requantize(self, precision: str, intro: str, device: str | None = None) -> Session:
+        """Reload the model with weights in `precision` ("fp32", "int8", "int4", ...) and start
+        the same requests again on a fresh engine (slow: call from a worker)."""
+        assert self.engine is not None and self.scenario is not None
+        model = reload(self.engine.model, precision, device)
+        scenario = dataclasses.replace(self.scenario, quantize=precision, intro=intro)
+        return Session.live(model, scenario, self._seed, self.record, self.speculation)
 
     # ------------------------------------------------------------------ where we are
 
@@ -228,6 +239,23 @@ class Session:
         self.cursor = len(self.frames) - 1
 
 
+def precision_of(model: tinyinfer.Model) -> str:
+    """The model's weight format: 'fp32' (as loaded, unquantized) or its QuantConfig's name."""
+    return model.quantization.name if model.quantization is not None else "fp32"
+
+
+def normalized(precision: str) -> str:
+    """A precision's canonical name: 'int4' -> 'int4-g128'; 'fp32' stays."""
+    return precision if precision == "fp32" else QuantConfig.parse(precision).name
+
+
+def reload(model: tinyinfer.Model, precision: str, device: str | None = None) -> tinyinfer.Model:
+    """The same checkpoint and runner with linear weights in `precision` ("fp32": unquantized)."""
+    source = model.name if model.name in BUNDLED else model.path
+    return tinyinfer.load(source, runner=model.runner.name, device=device,
+                          quantize=None if precision == "fp32" else precision)
+
+
 def speculation_for(options: Options, model: tinyinfer.Model, on: bool) -> Speculation:
     """The drafter a run can switch on: a draft model if there is one, else prompt lookup."""
     draft = options.draft_model
@@ -244,11 +272,17 @@ def open_session(options: Options, model: tinyinfer.Model | None = None) -> Sess
     """Read a replay, or load the model (unless given) and start the scenario (slow: worker)."""
     if options.replay is not None:
         return Session.replay(options.replay)
+    scenario = SCENARIOS[options.scenario]
+    if options.quantize is not None:
+        scenario = dataclasses.replace(scenario, quantize=options.quantize)
+    wanted = scenario.quantize
     if model is None:
-        model = tinyinfer.load(options.model, runner=options.runner, device=options.device)
+        model = tinyinfer.load(options.model, runner=options.runner, device=options.device,
+                               quantize=None if wanted in (None, "fp32") else wanted)
+    elif wanted is not None and normalized(wanted) != precision_of(model):
+        model = reload(model, wanted, options.device)
     if not model.has_tokenizer:
         raise TinyInferError(f"{model.name} has no tokenizer, so the TUI cannot show its text: "
                              "pass a model folder with tokenizer files")
-    scenario = SCENARIOS[options.scenario]
     speculation = speculation_for(options, model, options.speculative or scenario.speculative)
     return Session.live(model, scenario, options.seed, options.record, speculation)

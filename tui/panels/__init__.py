@@ -7,13 +7,14 @@ from tui.panels.base import Panel
 from tui.panels.metrics import MetricsPanel
 from tui.panels.next_token import NextTokenPanel
 from tui.panels.pages import PagesPanel
+from tui.panels.quantization import QuantizationPanel
 from tui.panels.speculative import SpeculativePanel
 from tui.panels.timeline import TimelinePanel
 from tui.panels.tokens import TokensPanel
 
 PANELS: tuple[type[Panel], ...] = (
     TokensPanel, PagesPanel, NextTokenPanel, AttentionPanel, MetricsPanel, SpeculativePanel,
-    TimelinePanel,
+    QuantizationPanel, TimelinePanel,
 )
 
 __all__ = ["PANELS", "Panel"]

@@ -17,15 +17,16 @@ from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
-from tinyinfer import SamplingParams
+from tinyinfer import Model, SamplingParams
 from tinyinfer.errors import TinyInferError
 from tinyinfer.trace import StepTrace
 
 from tui.frames import Frame, SeqView
-from tui.narration import Narration, narrate
+from tui.narration import Narration, narrate, precision_switched
 from tui.options import Options
 from tui.panels import PANELS
 from tui.panels.narration import NarrationPanel
+from tui.panels.quantization import QuantReport, measure, next_precision
 from tui.screens.help import HelpScreen
 from tui.screens.prompt import PromptScreen
 from tui.screens.sampling import SamplingScreen
@@ -35,6 +36,7 @@ from tui.statusbar import StatusBar
 
 TOP_K_STEPS = (0, 50, 20, 5, 1)  # fewer candidates to the right (0 is off: all of them)
 TOP_P_STEPS = (1.0, 0.95, 0.9, 0.75, 0.5)  # smaller nucleus to the right
+FEATURE_ACTIONS = {"precision": "quantization", "quant_layer": "quantization"}  # keys of a feature
 
 
 def nudge(values: tuple, current, direction: int):
@@ -52,7 +54,8 @@ def cycle(values: tuple, current, direction: int):
 def features(session: Session) -> frozenset[str]:
     """Engine features a run uses, so their panels appear (a replay: what its trace shows)."""
     drafted = any(p.draft_tokens for t in session.frames[-1].traces for p in t.seqs)
-    return frozenset({"speculative"} if session.source.drafter or drafted else ())
+    return frozenset(({"speculative"} if session.source.drafter or drafted else set())
+                     | ({"quantization"} if session.source.precision else set()))
 
 
 def sampling_for(session: Session) -> SamplingParams:
@@ -93,6 +96,10 @@ class RunScreen(Screen):
         Binding("w", "toggle_walkthrough", "Walkthrough narration on / off", show=False),
         Binding("d", "toggle_speculative", "Speculative decoding on / off (restarts the requests)",
                 show=False),
+        Binding("m", "precision", "Weights: fp32 → int8 → int4 (reloads, restarts the requests)",
+                show=False),
+        Binding("j", "quant_layer(1)", "Quantization: next weight's histogram", show=False),
+        Binding("J", "quant_layer(-1)", "Quantization: previous weight's histogram", show=False),
     ]
 
     frame: reactive[Frame | None] = reactive(None)
@@ -106,6 +113,8 @@ class RunScreen(Screen):
     runner: reactive[str] = reactive("numpy")
     kv_bytes_per_page: reactive[int | None] = reactive(None)
     drafter: reactive[str] = reactive("")
+    quant_report: reactive[QuantReport | None] = reactive(None)
+    quant_layer: reactive[int] = reactive(0)
     features: reactive[frozenset[str]] = reactive(frozenset(), init=False, always_update=True)
     walkthrough: reactive[bool] = reactive(True, init=False)
     running: reactive[bool] = reactive(False, init=False)
@@ -143,6 +152,7 @@ class RunScreen(Screen):
         self.features = features(self.session)
         self.watch_walkthrough(self.walkthrough)
         self.show_frame()
+        self._measure()
 
     def adopt(self, session: Session) -> None:
         """Show a new session (a new prompt, speculative decoding switched)."""
@@ -152,6 +162,7 @@ class RunScreen(Screen):
         self.sampling = sampling_for(session)
         self.features = features(session)
         self.show_frame()
+        self._measure()
 
     # ------------------------------------------------------------------ showing
 
@@ -167,8 +178,10 @@ class RunScreen(Screen):
             "end of recording" if session.at_end else "replaying recorded steps")
         source = session.source
         speculative = f" · drafts: {self.drafter}" if self.drafter else ""
+        precision = f" · {source.precision}" if source.precision else ""
         self.status_text = (f"step {frame.steps_done} · frame {session.cursor + 1}/{len(session.frames)}"
-                            f" {where} │ {source.model} · {source.runner} · {source.scenario}{speculative}")
+                            f" {where} │ {source.model} · {source.runner}{precision} · "
+                            f"{source.scenario}{speculative}")
 
     def watch_narration(self, narration: Narration | None) -> None:
         for panel in self.query(".panel"):
@@ -324,6 +337,50 @@ class RunScreen(Screen):
             return
         self.notify(f"Speculative decoding {'on' if on else 'off'}: the requests start again.")
 
+    # ------------------------------------------------------------------ quantization
+
+    def _measure(self) -> None:
+        """Measure the running model's quantization error in a worker, if this run shows it."""
+        self.quant_report = None
+        if self.session.source.precision and self.session.engine is not None:
+            self._measure_model(self.session.engine.model)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="quantization")
+    def _measure_model(self, model: Model) -> None:
+        report = measure(model)
+        self.app.call_from_thread(setattr, self, "quant_report", report)
+
+    async def action_precision(self) -> None:
+        """Reload the model at the next weight precision and run the same requests again."""
+        if not self._live():
+            return
+        await self._idle()
+        before = self.session.source.precision or "fp32"
+        after = next_precision(before)
+        self.busy = True
+        self.notify(f"Reloading the model with {after} weights …")
+        self._job = self._requantize(after, precision_switched(after, before))
+
+    @work(thread=True, exit_on_error=False, group="engine")
+    def _requantize(self, precision: str, intro: str) -> None:
+        try:
+            session = self.session.requantize(precision, intro, self.options.device)
+        except TinyInferError as exc:
+            self.app.call_from_thread(self._requantized, None, str(exc))
+            return
+        self.app.call_from_thread(self._requantized, session, "")
+
+    def _requantized(self, session: Session | None, error: str) -> None:
+        self.busy = False
+        if session is None:
+            self.notify(error, title="Cannot switch the weight precision", severity="error")
+            return
+        self.adopt(session)
+        self.notify(f"Weights now {session.source.precision}: the requests start again.")
+
+    def action_quant_layer(self, delta: int) -> None:
+        self.quant_layer += delta
+
     # ------------------------------------------------------------------ knobs
 
     def action_sampling(self) -> None:
@@ -364,5 +421,11 @@ class RunScreen(Screen):
     def action_toggle_walkthrough(self) -> None:
         self.walkthrough = not self.walkthrough
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """A feature's keys work only in runs that use the feature."""
+        feature = FEATURE_ACTIONS.get(action)
+        return feature is None or feature in self.features
+
     def action_help(self) -> None:
-        self.app.push_screen(HelpScreen(self.BINDINGS))
+        keys = [b for b in self.BINDINGS if self.check_action(b.action.split("(")[0], ())]
+        self.app.push_screen(HelpScreen(keys))

@@ -1,0 +1,116 @@
+"""The quantization scenario: per-layer errors as quant.py measures them, and switching precision."""
+
+from __future__ import annotations
+
+import pytest
+
+import tinyinfer
+from tinyinfer.quant import QuantConfig, error_histograms, layer_errors, quantize_weights
+from tinyinfer.weights import load_weights
+
+from tui.app import TinyInferApp
+from tui.options import Options
+from tui.panels.quantization import BINS, QuantizationPanel, short_name
+from tui.screens.run import RunScreen
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def model(text_model_folder):
+    return tinyinfer.load(text_model_folder)
+
+
+def make_app(model, **options) -> TinyInferApp:
+    options.setdefault("model", str(model.path))
+    options.setdefault("scenario", "quantization")
+    options.setdefault("show_timings", False)
+    return TinyInferApp(Options(**options), model=model)
+
+
+async def settle(pilot) -> None:
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+async def started(pilot) -> RunScreen:
+    for _ in range(100):
+        await settle(pilot)
+        if isinstance(pilot.app.screen, RunScreen) and pilot.app.screen.quant_report is not None:
+            return pilot.app.screen
+    raise AssertionError(f"still on {pilot.app.screen!r}")
+
+
+def first_probs(screen: RunScreen) -> list[tuple[int, float]]:
+    """The first sampled token's recorded candidates: (token id, probability)."""
+    trace = screen.session.frames[-1].traces[0]
+    return [(c.token_id, c.prob) for c in trace.seqs[0].candidates]
+
+
+async def test_scenario_shows_the_per_layer_errors_quant_py_computes(model):
+    original = load_weights(model.path, model.config)
+    expected = layer_errors(original, quantize_weights(original, QuantConfig.parse("int8")))
+    async with make_app(model).run_test(size=(120, 40)) as pilot:
+        screen = await started(pilot)
+        panel = screen.query_one(QuantizationPanel)
+        assert panel.display and not panel.has_class("-off")
+        assert screen.session.engine.model.quantization.name == "int8"
+        report = panel.quant_report
+        assert report.precision == "int8" and list(report.errors) == expected
+        assert "int8" in screen.status_text
+        text = panel.render().plain
+        assert f"{short_name(expected[0].name)} " in text
+        assert f"{100 * expected[0].relative:5.2f}%" in text
+        await pilot.press("j")
+        await settle(pilot)
+        assert panel.quant_layer == 1
+        chosen = expected[1].name
+        weights, errors = error_histograms(original[chosen], quantize_weights(
+            {chosen: original[chosen]}, QuantConfig.parse("int8"))[chosen], BINS)
+        assert report.histograms[1] == (weights, errors)
+        assert f"▶{short_name(chosen)}" in panel.render().plain
+
+
+async def test_m_switches_precision_and_changes_the_next_token_distribution(model):
+    async with make_app(model).run_test(size=(120, 40)) as pilot:
+        screen = await started(pilot)
+        await pilot.press("space")
+        await settle(pilot)
+        int8 = first_probs(screen)
+        await pilot.press("m")
+        await started(pilot)
+        assert screen.session.engine.model.quantization.name == "int4-g128"
+        assert screen.session.frame.event == "start" and screen.quant_report.precision == "int4-g128"
+        assert "reloaded with int4" in screen.narration.body
+        await pilot.press("space")
+        await settle(pilot)
+        int4 = first_probs(screen)
+        assert [t for t, _ in int4] and int4 != int8
+        await pilot.press("m")
+        await started(pilot)
+        assert screen.session.engine.model.quantization is None
+        assert screen.quant_report.errors == ()
+        assert "as trained" in screen.query_one(QuantizationPanel).render().plain
+
+
+async def test_panel_stays_off_in_runs_without_quantization(model):
+    async with make_app(model, scenario="single").run_test(size=(120, 40)) as pilot:
+        for _ in range(100):
+            await settle(pilot)
+            if isinstance(pilot.app.screen, RunScreen):
+                break
+        assert pilot.app.screen.query_one(QuantizationPanel).has_class("-off")
+
+
+def test_snapshot_after_prefill(snap_compare, model):
+    async def run_before(pilot) -> None:
+        await started(pilot)
+        await pilot.press("space")
+        await settle(pilot)
+
+    assert snap_compare(make_app(model), terminal_size=(120, 40), run_before=run_before)

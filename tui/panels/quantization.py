@@ -1,0 +1,124 @@
+"""Quantization: each linear weight's rounding error at the running precision, and one histogram."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.text import Text
+from textual.reactive import reactive
+
+from tinyinfer.loading import Model
+from tinyinfer.quant import (Histogram, LayerError, QuantConfig, error_histograms, layer_errors,
+                             quantize_weights, read_quant_config)
+from tinyinfer.weights import load_weights
+
+from tui.panels.base import Panel
+from tui.session import precision_of
+
+PRECISIONS = ("fp32", "int8", "int4")  # the m key cycles through these
+BINS = 24  # histogram bins: one character each
+SPARK = "▁▂▃▄▅▆▇█"
+BAR_WIDTH = 12
+
+
+@dataclass(frozen=True)
+class QuantReport:
+    """What quant.py measures for one model at one precision; no errors for fp32."""
+
+    precision: str  # "fp32" or a QuantConfig name
+    errors: tuple[LayerError, ...] = ()
+    histograms: tuple[tuple[Histogram, Histogram], ...] = ()  # (weights, errors) per layer
+    note: str = ""  # why nothing was measured, when that is the case
+
+
+_REPORTS: dict[tuple[Path, str], QuantReport] = {}
+
+
+def measure(model: Model) -> QuantReport:
+    """Per-layer errors and histograms of the model's linear weights at its precision (slow, cached)."""
+    key = (model.path, precision_of(model))
+    if key not in _REPORTS:
+        _REPORTS[key] = _compute(model)
+    return _REPORTS[key]
+
+
+def _compute(model: Model) -> QuantReport:
+    precision = precision_of(model)
+    if model.quantization is None:
+        return QuantReport(precision)
+    if read_quant_config(model.path) is not None:
+        return QuantReport(precision, note="This checkpoint was saved quantized: its float "
+                                           "weights are not there to compare with.")
+    original = load_weights(model.path, model.config)
+    quantized = quantize_weights(original, model.quantization)
+    errors = tuple(layer_errors(original, quantized))
+    histograms = tuple(error_histograms(original[e.name], quantized[e.name], BINS) for e in errors)
+    return QuantReport(precision, errors, histograms)
+
+
+def short_name(name: str) -> str:
+    """'layers.3.gate.weight' -> '3.gate'."""
+    return name.removeprefix("layers.").removesuffix(".weight")
+
+
+def sparkline(hist: Histogram) -> str:
+    """One character per bin, its height the bin's count (linear, tallest bin = █)."""
+    top = max(hist.counts) or 1
+    return "".join(" " if c == 0 else SPARK[min(len(SPARK) - 1, c * len(SPARK) // (top + 1))]
+                   for c in hist.counts)
+
+
+def next_precision(current: str) -> str:
+    """The precision the m key switches to: fp32 → int8 → int4 → fp32."""
+    family = "int4" if current.startswith("int4") else current
+    i = PRECISIONS.index(family) if family in PRECISIONS else -1
+    return PRECISIONS[(i + 1) % len(PRECISIONS)]
+
+
+class QuantizationPanel(Panel):
+    """Relative error ‖W−Ŵ‖/‖W‖ of every linear weight as bars; histograms of the chosen one."""
+
+    PANEL_ID = "quantization"
+    TITLE = "Quantization"
+    SWAPPABLE = True
+    FEATURE = "quantization"
+    BINDS = ("frame", "quant_report", "quant_layer")
+
+    quant_report: reactive[QuantReport | None] = reactive(None)
+    quant_layer: reactive[int] = reactive(0)
+
+    def render(self) -> Text:
+        report = self.quant_report
+        if report is None:
+            return Text("Measuring the rounding error of every linear weight …", style="dim")
+        out = Text(f"weights {report.precision}", style="bold")
+        if report.note:
+            out.append(f"\n{report.note}", "dim")
+            return out
+        if not report.errors:
+            out.append("  (as trained: no rounding)\nm quantizes the running model to "
+                       f"{next_precision(report.precision)} and starts the prompt again.", "dim")
+            return out
+        errors = report.errors
+        chosen = self.quant_layer % len(errors)
+        worst = max(e.relative for e in errors)
+        mean = sum(e.relative for e in errors) / len(errors)
+        out.append(f" · ‖W−Ŵ‖/‖W‖ mean {100 * mean:.2f}%", "dim")
+        rows = max(1, self.content_size.height - 4)
+        first = min(max(0, chosen - rows // 2), max(0, len(errors) - rows))
+        width = max(len(short_name(e.name)) for e in errors)
+        for i in range(first, min(len(errors), first + rows)):
+            e = errors[i]
+            filled = BAR_WIDTH * e.relative / worst if worst else 0.0
+            mark = "▶" if i == chosen else " "
+            out.append(f"\n{mark}{short_name(e.name):<{width}} ", "bold" if i == chosen else "")
+            out.append("█" * round(filled), "magenta")
+            out.append(" " * (BAR_WIDTH - round(filled)))
+            out.append(f" {100 * e.relative:5.2f}%")
+        weights, errs = report.histograms[chosen]
+        e = errors[chosen]
+        out.append(f"\n{short_name(e.name)} (j/J) max |err| {e.max_abs:.2g}", "dim")
+        out.append(f"\nW   {sparkline(weights)} ±{max(abs(weights.edges[0]), abs(weights.edges[-1])):.2g}")
+        out.append(f"\nerr {sparkline(errs)} ±{max(abs(errs.edges[0]), abs(errs.edges[-1])):.2g}")
+        return out

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # bundled_corpus, and tinyinfer without installing it
 
 import bundled_corpus as corpus  # noqa: E402
+from bundled_eval import TextScore  # noqa: E402
 
 import tinyinfer  # noqa: E402
 import tinyinfer.config  # noqa: E402
@@ -56,11 +56,11 @@ class Row:
 
     @property
     def bits_per_byte(self) -> float:
-        return self.nats / math.log(2) / self.bytes
+        return TextScore(self.nats, self.tokens, self.bytes).bits_per_byte
 
     @property
     def perplexity(self) -> float:
-        return math.exp(self.nats / self.tokens)
+        return TextScore(self.nats, self.tokens, self.bytes).perplexity
 
 
 def nll(logits: np.ndarray, targets: list[int]) -> float:

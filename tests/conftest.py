@@ -120,15 +120,7 @@ def text_model_folder(tmp_path_factory) -> Path:
     return folder
 
 
-def _torch_runner_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("tinyinfer.model.torch_fast") is not None
-
-
 @pytest.fixture(params=["numpy", "torch"])
 def runner_name(request) -> str:
     """Run a test once per model runner: the reference and the fast path must agree."""
-    if request.param == "torch" and not _torch_runner_available():
-        pytest.skip("the torch runner module tinyinfer.model.torch_fast is not present")
     return request.param

@@ -72,6 +72,10 @@ def test_cli_errors_are_one_clear_line(text_model_folder, tmp_path):
     assert result.stderr.startswith("tinyinfer: error: model") and "Traceback" not in result.stderr
     result = run_cli("generate", "hi", "--model", str(text_model_folder), "--top-p", "0")
     assert result.returncode == 2 and "top_p" in result.stderr
+    result = run_cli("generate", "hi", "--model", str(text_model_folder), "--dtype", "int8")
+    assert result.returncode == 2 and "float32 or float64" in result.stderr
+    result = run_cli("generate", "hi", "--model", str(text_model_folder), "--max-tokens", "100000")
+    assert result.returncode == 2 and "context" in result.stderr and result.stdout == ""
 
 
 def test_padding_ids_beyond_the_tokenizer_have_no_text(model):

@@ -16,7 +16,6 @@ import tinyinfer
 from tests.conftest import ORACLE_CONFIGS
 from tinyinfer.config import config_from_dict
 from tinyinfer.errors import TinyInferError
-from tinyinfer.loading import BUNDLED
 from tinyinfer.model.numpy_ref import NumpyRunner
 from tinyinfer.model.runner import make_batch
 from tinyinfer.model.torch_fast import TorchRunner
@@ -81,8 +80,6 @@ def test_mixed_batches_match_reference(name, oracle_model):
     assert_runners_agree(ref.runner, fast.runner, steps, block_size=4, tol=1e-4)
 
 
-@pytest.mark.skipif(not (BUNDLED["bundled"] / "config.json").is_file(),
-                    reason="the bundled model is not in tinyinfer/data/shakespeare yet")
 def test_bundled_model_matches_reference():
     ref, fast = load_pair("bundled")
     ids = np.random.default_rng(3).integers(0, ref.config.vocab_size, 64).tolist()

@@ -65,6 +65,9 @@ def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
     from tinyinfer.weights import map_weights
 
     config, raw = shape_config(name, max_len)
+    # Weights are built once and fused once (q|k|v, gate|up): about two copies at the peak.
+    _check_memory(name, config.num_parameters * (4 if dtype == "float32" else 2) * (3 if with_peer else 2),
+                  device)
     peer = None
     if with_peer:
         peer = hf_model_for(raw, device, getattr(torch, dtype))
@@ -74,6 +77,22 @@ def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
         weights = random_weights(config, device, dtype)
     runner = TorchRunner(config, weights, device=device, dtype=dtype)
     return Model(config=config, runner=runner, path=Path(name), name=name), peer
+
+
+def _check_memory(name: str, needed: int, device: str) -> None:
+    """Refuse a preset that cannot fit, before allocating anything."""
+    import os
+
+    import torch
+
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info()
+    else:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if needed > 0.9 * free:
+        raise TinyInferError(
+            f"the {name} preset needs about {needed / 1e9:.1f} GB on {device} while building its "
+            f"weights, but {free / 1e9:.1f} GB are free: pick a smaller preset or another device")
 
 
 def folder_models(source: str, runner: str, device: str | None, dtype: str | None,

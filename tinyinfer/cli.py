@@ -12,6 +12,17 @@ from tinyinfer.errors import TinyInferError
 from tui import cli as tui_cli
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="bundled",
                         help="'bundled', 'bundled-draft' or a Hugging Face model folder (default: bundled)")
@@ -23,7 +34,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize", default=None, metavar="FORMAT",
                         help="quantize linear weights as they load: int8, int4, int4-g64, "
                              "int4-g32-asym, ...")
-    parser.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+    parser.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
                         help="split the model over N processes (GPUs with NCCL, CPU with gloo); "
                              "torch runner")
 
@@ -81,12 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(bench)
     bench.add_argument("--preset", default=None,
                        help="random weights of a real shape instead of --model: "
-                            "gpt2, llama-3.2-1b, qwen2.5-0.5b, llama-3-8b (torch runner)")
+                            "gpt2, llama-3.2-1b, qwen2.5-0.5b, llama-3-8b (always the torch "
+                            "runner; --runner is ignored)")
     bench.add_argument("--peer", choices=("transformers",), default=None,
                        help="also run Hugging Face transformers generate on the same weights")
-    bench.add_argument("--requests", type=int, default=None,
+    bench.add_argument("--requests", type=positive_int, default=None,
                        help="requests (batching: 200, throughput: 256)")
-    bench.add_argument("--max-num-seqs", type=int, default=None, help="concurrent sequences")
+    bench.add_argument("--max-num-seqs", type=positive_int, default=None,
+                       help="concurrent sequences (batching: 16, throughput: 256)")
     bench.add_argument("--prompt-tokens", type=int, default=512, help="prompt length (latency)")
     bench.add_argument("--decode-tokens", type=int, default=128, help="tokens decoded (latency)")
     bench.add_argument("--system-tokens", type=int, default=512, help="shared prefix length (prefix)")
@@ -115,7 +128,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.workload == "speculative":
         results = _bench_speculative(model, args)
     elif args.workload == "batching":
-        results = bench.bench_batching(model, args.requests or 200, args.max_num_seqs or 16,
+        results = bench.bench_batching(model, 200 if args.requests is None else args.requests, 16 if args.max_num_seqs is None else args.max_num_seqs,
                                        seed=args.seed)
         print(bench.batching_table(results))
     else:
@@ -135,6 +148,9 @@ def _bench_shapes(args: argparse.Namespace) -> int:
 
     with_peer = args.peer == "transformers"
     if args.preset:
+        if args.quantize or args.tensor_parallel > 1:
+            raise TinyInferError("--preset builds random bf16/fp32 weights on one device: "
+                                 "--quantize and --tensor-parallel do not apply to it")
         device = args.device or _default_device()
         model, peer = bs.shape_models(args.preset, device, args.dtype or _default_dtype(device),
                                       with_peer=with_peer)
@@ -153,8 +169,8 @@ def _bench_shapes(args: argparse.Namespace) -> int:
                                            args.decode_tokens))
         print(bs.latency_table(results))
     else:
-        workload = bs.offline_workload(args.requests or 256, model.config.vocab_size, seed=args.seed)
-        results = [bs.bench_throughput(model, workload, max_num_seqs=args.max_num_seqs or 256)]
+        workload = bs.offline_workload(256 if args.requests is None else args.requests, model.config.vocab_size, seed=args.seed)
+        results = [bs.bench_throughput(model, workload, max_num_seqs=256 if args.max_num_seqs is None else args.max_num_seqs)]
         if peer is not None:
             results.append(bs.peer_throughput(peer, workload))
         print(bs.throughput_table(results))
@@ -207,9 +223,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     first = None
     pieces = 0
+    pieces_out = engine.stream(args.prompt, params)  # a bad prompt fails here, before any output
     sys.stdout.write(args.prompt)
     sys.stdout.flush()
-    for piece in engine.stream(args.prompt, params):
+    for piece in pieces_out:
         first = first or time.perf_counter()
         pieces += 1
         sys.stdout.write(piece)
@@ -236,7 +253,7 @@ def make_drafter(args: argparse.Namespace):
         return PromptLookupDrafter()
     if args.speculative == "draft":
         draft = tinyinfer.load(args.draft_model, runner=args.runner, device=args.device,
-                               dtype=args.dtype)
+                               dtype=args.dtype, quantize=getattr(args, "quantize", None))
         return DraftModelDrafter(draft)
     return None
 

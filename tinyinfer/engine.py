@@ -467,8 +467,13 @@ class Engine:
         return piece
 
     def stream(self, prompt: str | Seq[int], params: SamplingParams | None = None) -> Iterator[str]:
-        """Generate one prompt, yielding text as it is produced (other requests keep running)."""
-        request_id = self.add_request(prompt, params)
+        """Generate one prompt, yielding text as it is produced (other requests keep running).
+
+        The request is checked and queued now, so a bad prompt raises before any text is out.
+        """
+        return self._stream(self.add_request(prompt, params))
+
+    def _stream(self, request_id: str) -> Iterator[str]:
         try:
             while self.completion(request_id).finish_reason is None:
                 self.step()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyinfer.config import ModelConfig, rope_inverse_frequencies
+from tinyinfer.errors import TinyInferError
 from tinyinfer.model.runner import Batch
 from tinyinfer.quant import QuantizedWeight, dequantize, dequantize_kv, quantize_kv
 
@@ -153,7 +154,8 @@ class NumpyRunner:
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray | QuantizedWeight],
                  dtype: str = "float32", kv_int8: bool = False):
         if dtype not in ("float32", "float64"):
-            raise ValueError(f"the NumPy runner computes in float32 or float64, not {dtype}")
+            raise TinyInferError(f"the NumPy runner computes in float32 or float64, not {dtype}: "
+                                 "pass --dtype float32 or float64 (or use --runner torch)")
         self.config = config
         self.dtype = np.dtype(dtype)
         self.kv_int8 = kv_int8

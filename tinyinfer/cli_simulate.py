@@ -96,12 +96,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({q.name: q.to_dict() for _, q in sim.rows()} | {"notes": list(sim.notes)}, indent=1))
         return 0
+    names = [q.name for _, q in sim.rows()] if "all" in args.explain else args.explain
+    explained = [sim.quantity(name).explain() for name in names]  # unknown names fail first
     print(_header(scenario))
     print(simulation_table(sim))
-    names = [q.name for _, q in sim.rows()] if "all" in args.explain else args.explain
-    for name in names:
+    for text in explained:
         print()
-        print(sim.quantity(name).explain())
+        print(text)
     return 0
 
 

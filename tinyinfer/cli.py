@@ -68,10 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: 0.8)")
     gen.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default: 0.95)")
     gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    gen.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * p_max")
-    gen.add_argument("--repetition-penalty", type=float, default=1.0)
+    gen.add_argument("--min-p", type=float, default=0.0,
+                     help="drop tokens below min_p * p_max (default: 0 = off)")
+    gen.add_argument("--repetition-penalty", type=float, default=1.0,
+                     help="divide the logits of tokens already seen (default: 1 = off)")
     gen.add_argument("--seed", type=int, default=None, help="same seed, same text")
-    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--stop", action="append", default=[],
+                     help="stop string, repeatable (default: none)")
     gen.add_argument("--speculative", choices=("draft", "lookup"), default=None,
                      help="speculative decoding: 'draft' uses --draft-model, 'lookup' prompt n-grams")
     gen.add_argument("--draft-model", default="bundled-draft",

@@ -19,7 +19,7 @@ import numpy as np
 from tinyinfer.errors import ContextOverflowError, OutOfPagesError, PromptError, TinyInferError
 from tinyinfer.kv import PagePool
 from tinyinfer.loading import Model, check_token_ids
-from tinyinfer.model.runner import make_batch
+from tinyinfer.model.runner import Batch, make_batch
 from tinyinfer.sampling import (
     MAX_LOGPROBS,
     SamplingParams,
@@ -264,10 +264,8 @@ class Engine:
 
     def _greedy_step(self, chunks: list[Chunk]) -> tuple[list[SeqStep], list[int], float]:
         """Forward with top-k logits only (no [R, V] transfer), then pick each argmax."""
-        entries = [(c.seq.all_ids[c.start:c.end], c.start, self.pool.block_table(c.seq.seq_id), False)
-                   for c in chunks]
-        top = self.model.runner.forward_top(make_batch(entries, self.pool.block_size),
-                                            self.kv_cache, TOP_FOR_GREEDY)
+        batch, _ = self._pack(chunks, {})
+        top = self.model.runner.forward_top(batch, self.kv_cache, TOP_FOR_GREEDY)
         t3 = time.perf_counter()
         steps, freed = [], []
         for row, chunk in enumerate(chunks):
@@ -292,6 +290,11 @@ class Engine:
         """One runner call for the whole batch; returns logits and each chunk's rows of them."""
         if not chunks:
             return np.zeros((0, 0), np.float32), []
+        batch, rows = self._pack(chunks, drafts)
+        return self.model.runner.forward(batch, self.kv_cache), rows
+
+    def _pack(self, chunks: list[Chunk], drafts: dict[int, Draft]) -> tuple[Batch, list[slice]]:
+        """The step's chunks (plus drafted tokens) as one Batch, and each chunk's logits rows."""
         entries, rows, row = [], [], 0
         for c in chunks:
             draft = drafts.get(c.seq.seq_id)
@@ -300,8 +303,7 @@ class Engine:
             n_rows = len(tokens) if draft else 1
             rows.append(slice(row, row + n_rows))
             row += n_rows
-        batch = make_batch(entries, self.pool.block_size)
-        return self.model.runner.forward(batch, self.kv_cache), rows
+        return make_batch(entries, self.pool.block_size), rows
 
     def _base_step(self, chunk: Chunk) -> dict:
         seq = chunk.seq

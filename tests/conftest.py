@@ -124,3 +124,9 @@ def text_model_folder(tmp_path_factory) -> Path:
 def runner_name(request) -> str:
     """Run a test once per model runner: the reference and the fast path must agree."""
     return request.param
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Async tests (Textual's pilot) run on asyncio only."""
+    return "asyncio"

@@ -24,10 +24,6 @@ from tui.screens.sampling import SamplingScreen
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 @pytest.fixture(scope="module")
 def model(text_model_folder):

@@ -16,10 +16,6 @@ from tui.screens.run import RunScreen
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 @pytest.fixture(scope="module")
 def model(text_model_folder):

@@ -14,10 +14,6 @@ from tui.simulator_results import ResultsTable
 SIZE = (100, 32)
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
 
 def cell(app: SimulatorApp, name: str) -> str:
     """The value column of the row for quantity `name`."""

@@ -1,77 +1,234 @@
-"""Tensor parallelism on GPUs in one short invocation (2+ GPUs, NCCL).
+"""Tensor parallelism on GPUs: correctness, decode speed and all-reduce cost (2 or 4 GPUs, NCCL).
 
-    PYTHONPATH=. python3 scripts/tp_gpu_check.py --out DIR [--tp 2]
+    PYTHONPATH=. python3 scripts/tp_gpu_check.py --out DIR [STAGE ...]   # default: every stage
 
-1. correctness: the bundled model at TP=N in float32 against one GPU (TP=1): logits and
-   greedy tokens;
-2. speed: batch-1 decode of the llama-3-8b shape (random weights, bf16) at TP=N, with each
-   rank's all-reduce time from the step trace.
+Each stage adds its result, or its error, to DIR/tp_gpu_check.json as soon as it ends; run
+one stage per invocation (scripts/tp_gpu_check.sh does) so a hung collective cannot stall the rest.
+
+bundled_tp2, gqa_tp2|4_float32|bfloat16: the bundled model at TP=2, and a random GQA Llama
+(8 heads, 4 KV heads, a vocabulary of 1001 that TP=4 must pad) at TP=2 and TP=4, each against one GPU in float32 with
+the defaults on (torch.compile, CUDA graphs): prompt logits, greedy tokens and the log-prob of
+every decoded token (decode steps replay CUDA graphs with NCCL inside); the same in bf16.
+all_reduce_tp2 / _tp4: the cost of one NCCL all-reduce by message size, eager and replayed
+from a CUDA graph: the simulator's link latency and bandwidth.
+
+llama3_8b_tp1 / _tp2 / _tp4 (/ _tp4_no_graphs), llama2_70b_tp4: batch-1 decode through
+``bench_shapes.bench_latency`` (prompt 512, 128 tokens), the 70B shape at TP=4 only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import socket
 import statistics
+import tempfile
 import time
+import traceback
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 import tinyinfer
-from tinyinfer.bench_shapes import shape_config
+from tinyinfer import bench_shapes as bs
 from tinyinfer.tp_launch import load_tensor_parallel, load_tensor_parallel_random
+
+GREEDY = tinyinfer.SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+ALL_REDUCE_BYTES = (2 << 10, 8 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+
+
+class Report:
+    """All stages' results in one JSON file; each stage process adds its own."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {
+            "device": torch.cuda.get_device_name(), "gpus": torch.cuda.device_count(),
+            "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__}
+
+    def stage(self, name: str, fn: Callable[[], tuple[Any, Any]]) -> None:
+        """Run a stage; write its result before closing its model (a teardown must not lose it)."""
+        t = time.perf_counter()
+        model = None
+        try:
+            result, model = fn()
+        except Exception:
+            result = {"error": traceback.format_exc(limit=8)}
+        self.data[name] = result
+        self.data[f"{name}_seconds"] = round(time.perf_counter() - t, 1)
+        print(name, json.dumps(result, indent=1)[:3000], flush=True)
+        self.path.write_text(json.dumps(self.data, indent=2))
+        close = getattr(getattr(model, "runner", None), "close", None)
+        if close is not None:
+            close()
+
+
+# ---------------------------------------------------------------- correctness
+
+
+def compare(make_one: Callable[[], Any], make_tp: Callable[[], Any], prompts: list[list[int]]) -> tuple[dict, Any]:
+    """One GPU against TP: prompt logits, greedy tokens, and log-probs of every decoded token."""
+    def run(model: Any) -> tuple[np.ndarray, list]:
+        logits = model.logits(prompts[0])
+        engine = tinyinfer.Engine(model)
+        for prompt in prompts:
+            engine.add_request(prompt, GREEDY)
+        steps = []
+        while engine.has_unfinished():
+            steps += [(s.request_id, s.token_id, s.logprob) for s in engine.step().seqs if s.token_id is not None]
+        return logits, steps
+
+    one = make_one()
+    a, steps_a = run(one)
+    del one
+    tp = make_tp()
+    b, steps_b = run(tp)
+    same_tokens = [(r, t) for r, t, _ in steps_a] == [(r, t) for r, t, _ in steps_b]
+    logprob_diff = max(abs(x[2] - y[2]) for x, y in zip(steps_a, steps_b)) if same_tokens else None
+    return {"prompt_logits_rel_err": float(np.abs(a - b).max() / np.abs(a).max()),
+            "greedy_tokens_identical": same_tokens, "decoded_tokens": len(steps_a),
+            "decode_logprob_max_abs_diff": logprob_diff, "tp_runner": tp.runner.describe()}, tp
+
+
+def random_llama_folder(root: Path) -> Path:
+    """A transformers Llama with GQA (8 heads, 4 KV heads) and an odd vocabulary, saved to disk."""
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=1001, hidden_size=512, intermediate_size=1408,
+                                      num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+                                      max_position_embeddings=1024, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    folder = root / "llama-gqa"
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def bundled_tp2() -> tuple[dict, Any]:
+    tok = tinyinfer.load("bundled").tokenizer
+    prompts = [tok.encode(p) for p in ("ROMEO:\nO, she doth teach the torches to burn bright!",
+                                       "JULIET:", "HAMLET:")]
+    return compare(lambda: tinyinfer.load("bundled", runner="torch", device="cuda", dtype="float32"),
+                   lambda: load_tensor_parallel("bundled", 2, device="cuda", dtype="float32"), prompts)
+
+
+def gqa(world: int, dtype: str) -> tuple[dict, Any]:
+    folder = random_llama_folder(Path(tempfile.mkdtemp()))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 1001, n).tolist() for n in (37, 5, 120)]
+    return compare(lambda: tinyinfer.load(folder, runner="torch", device="cuda", dtype=dtype),
+                   lambda: load_tensor_parallel(folder, world, device="cuda", dtype=dtype), prompts)
+
+
+# ---------------------------------------------------------------- all-reduce sweep
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _all_reduce_rank(rank: int, world: int, port: int, results: Any) -> None:
+    """Time one bf16 all-reduce per message size: eager, and replayed from a CUDA graph."""
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    rows = []
+    for nbytes in ALL_REDUCE_BYTES:
+        x = torch.zeros(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+        reps = 50
+        for _ in range(5):
+            dist.all_reduce(x)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        eager = []
+        for _ in range(5):
+            start.record()
+            for _ in range(reps):
+                dist.all_reduce(x)
+            end.record()
+            torch.cuda.synchronize()
+            eager.append(start.elapsed_time(end) / reps)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                dist.all_reduce(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        graphed = []
+        for _ in range(5):
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            graphed.append(start.elapsed_time(end) / reps)
+        rows.append({"bytes": nbytes, "eager_us": 1e3 * statistics.median(eager),
+                     "graph_us": 1e3 * statistics.median(graphed)})
+        del graph
+    if rank == 0:
+        results.put(rows)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def all_reduce_sweep(world: int) -> tuple[list[dict], None]:
+    """Per message size: microseconds per all-reduce and the bus bandwidth 2 (N-1)/N bytes / time."""
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = _free_port()
+    procs = [context.Process(target=_all_reduce_rank, args=(r, world, port, results)) for r in range(world)]
+    for p in procs:
+        p.start()
+    rows = results.get(timeout=300)
+    for p in procs:
+        p.join(timeout=60)
+    for row in rows:
+        row["graph_bus_GBps"] = 2 * (world - 1) / world * row["bytes"] / (row["graph_us"] * 1e-6) / 1e9
+    return rows, None
+
+
+# ---------------------------------------------------------------- speed
+
+
+def latency(model: Any) -> tuple[dict, Any]:
+    result = bs.as_dict(bs.bench_latency(model, prompt_tokens=512, decode_tokens=128))
+    result["runner"] = model.runner.describe()
+    return result, model
+
+
+def stages() -> dict[str, Callable[[], tuple[Any, Any]]]:
+    eight, _ = bs.shape_config("llama-3-8b", 2048)
+    table: dict[str, Callable[[], tuple[Any, Any]]] = {
+        "bundled_tp2": bundled_tp2,
+        "llama3_8b_tp1": lambda: latency(bs.shape_models("llama-3-8b", "cuda", "bfloat16")[0]),
+        "llama3_8b_tp4_no_graphs": lambda: latency(load_tensor_parallel_random(
+            eight, 4, device="cuda", dtype="bfloat16", name="llama-3-8b", cuda_graphs=False)),
+        "llama2_70b_tp4": lambda: latency(bs.shape_tensor_parallel("llama-2-70b", 4, "cuda", "bfloat16")),
+    }
+    for world in (2, 4):
+        table[f"all_reduce_tp{world}"] = lambda world=world: all_reduce_sweep(world)
+        table[f"llama3_8b_tp{world}"] = lambda world=world: latency(
+            bs.shape_tensor_parallel("llama-3-8b", world, "cuda", "bfloat16"))
+        for dtype in ("float32", "bfloat16"):
+            table[f"gqa_tp{world}_{dtype}"] = lambda world=world, dtype=dtype: gqa(world, dtype)
+    return table
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("stage", nargs="*", help="stages to run (default: all, each in this process)")
     args = parser.parse_args()
-    results: dict = {"device": torch.cuda.get_device_name(), "gpus": torch.cuda.device_count(),
-                     "date": time.strftime("%Y-%m-%d"), "tp": args.tp}
-    out = Path(args.out) / "tp_gpu_check.json"
-
-    ref = tinyinfer.load("bundled", runner="torch", device="cuda", dtype="float32")
-    tp = load_tensor_parallel("bundled", tensor_parallel=args.tp, device="cuda", dtype="float32")
-    ids = ref.tokenizer.encode("ROMEO:\nO, she doth teach the torches to burn bright!")
-    a, b = ref.logits(ids), tp.logits(ids)
-    results["bundled_fp32_logits_rel_err"] = float(np.abs(a - b).max() / np.abs(a).max())
-    greedy = tinyinfer.SamplingParams(temperature=0, max_tokens=48)
-    same = [tinyinfer.Engine(ref).generate([p], greedy)[0].token_ids ==
-            tinyinfer.Engine(tp).generate([p], greedy)[0].token_ids
-            for p in ("ROMEO:", "JULIET:", "HAMLET:")]
-    results["bundled_fp32_greedy_identical"] = all(same)
-    tp.runner.close()
-    print(results, flush=True)
-    out.write_text(json.dumps(results, indent=2))
-
-    config, _ = shape_config("llama-3-8b", 2048)
-    big = load_tensor_parallel_random(config, tensor_parallel=args.tp, device="cuda",
-                                      dtype="bfloat16", name="llama-3-8b")
-    engine = tinyinfer.Engine(big, max_num_seqs=1, detail="none")
-    rng = np.random.default_rng(0)
-    params = tinyinfer.SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-    for run in range(2):
-        engine.add_request(rng.integers(0, config.vocab_size, 512).tolist(), params)
-        steps = []
-        while engine.has_unfinished():
-            t = time.perf_counter()
-            trace = engine.step()
-            steps.append((time.perf_counter() - t, trace.timings))
-    decode = steps[1:]
-    tpot = statistics.median(s for s, _ in decode)
-    results["llama3_8b_tp_decode_tokens_per_s"] = 1 / tpot
-    results["llama3_8b_tp_tpot_ms"] = 1e3 * tpot
-    for rank in range(args.tp):
-        results[f"rank{rank}_all_reduce_ms"] = 1e3 * statistics.median(
-            t[f"rank{rank}_all_reduce"] for _, t in decode)
-        results[f"rank{rank}_compute_ms"] = 1e3 * statistics.median(
-            t[f"rank{rank}_compute"] for _, t in decode)
-    big.runner.close()
-    print(results, flush=True)
-    out.write_text(json.dumps(results, indent=2))
+    table = stages()
+    report = Report(Path(args.out) / "tp_gpu_check.json")
+    for name in args.stage or list(table):
+        report.stage(name, table[name])
+    report.data["llama2_70b_bf16_gb"] = bs.shape_config("llama-2-70b", 2048)[0].num_parameters * 2 / 1e9
+    report.path.write_text(json.dumps(report.data, indent=2))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from tinyinfer.loading import BUNDLED
 from tinyinfer.model.runner import make_batch
 from tinyinfer.model.torch_tp import ShardRunner, VocabShard, check_tensor_parallel, shard_weights
 from tinyinfer.tp_launch import load_tensor_parallel, load_tensor_parallel_random
+from tinyinfer.trace import RankShare, StepTrace
 from tinyinfer.weights import load_weights
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -132,6 +133,18 @@ class TestBundled:
             runner.copy_page(kv, 1, 3)  # a fork: the second page now also lives at page 3
             results.append(runner.forward(make_batch([(ids[7:8], 7, [0, 3], False)], block), kv))
         np.testing.assert_allclose(results[0], results[1], rtol=1e-4, atol=1e-4)
+
+    def test_pool_view_says_which_rank_owns_which_heads(self, bundled_pair):
+        engine = tinyinfer.Engine(bundled_pair[0])
+        engine.add_request([5, 6, 7], SamplingParams(max_tokens=2, temperature=0))
+        trace = engine.step()
+        c = bundled_pair[0].config
+        half_v = -(-c.vocab_size // 2)
+        assert trace.pool.ranks == (
+            RankShare(0, (0, 2), (0, 1), (0, c.intermediate_size // 2), (0, half_v)),
+            RankShare(1, (2, 4), (1, 2), (c.intermediate_size // 2, c.intermediate_size), (half_v, c.vocab_size)))
+        assert StepTrace.from_json(trace.to_json()) == trace  # recorded runs replay the view
+        assert tinyinfer.Engine(bundled_pair[1]).pool_view().ranks == ()
 
     def test_last_timings_per_rank(self, bundled_pair):
         tp, ref = bundled_pair
@@ -305,3 +318,24 @@ def test_cli_generate_with_tensor_parallel_equals_one_process():
     refused = subprocess.run([sys.executable, "-m", "tinyinfer.cli", "generate", "hi",
                               "--tensor-parallel", "2"], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "--runner torch" in refused.stderr
+
+
+def test_cli_bench_latency_reports_ranks_and_all_reduce_time(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "latency.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "tinyinfer.cli", "bench", "latency", "--runner", "torch",
+         "--tensor-parallel", "2", "--prompt-tokens", "16", "--decode-tokens", "4", "--json", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "all-reduce" in result.stdout
+    (row,) = json.loads(out.read_text())
+    assert row["tensor_parallel"] == 2
+    assert 0 < row["all_reduce_ms"] < row["tpot_p50_ms"]
+    refused = subprocess.run(
+        [sys.executable, "-m", "tinyinfer.cli", "bench", "latency", "--runner", "torch",
+         "--tensor-parallel", "2", "--peer", "transformers"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "without --tensor-parallel" in refused.stderr

@@ -79,6 +79,18 @@ def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
     return Model(config=config, runner=runner, path=Path(name), name=name), peer
 
 
+def shape_tensor_parallel(name: str, tensor_parallel: int, device: str, dtype: str,
+                          max_len: int = 2048) -> Model:
+    """A preset shape with random weights split over ``tensor_parallel`` ranks (each draws its shard)."""
+    from tinyinfer.tp_launch import load_tensor_parallel_random
+
+    config, _ = shape_config(name, max_len)
+    per_rank = config.num_parameters * (4 if dtype == "float32" else 2) // tensor_parallel
+    _check_memory(f"{name} (one rank's shard at tensor_parallel={tensor_parallel})", per_rank, device)
+    return load_tensor_parallel_random(config, tensor_parallel=tensor_parallel, device=device,
+                                       dtype=dtype, name=name)
+
+
 def _check_memory(name: str, needed: int, device: str) -> None:
     """Refuse a preset that cannot fit, before allocating anything."""
     import os
@@ -135,11 +147,12 @@ def _sync(device: str) -> None:
 
 
 def weight_bytes(model: Model) -> int:
-    """Bytes of weights one decode step streams."""
-    streamed = getattr(getattr(model.runner, "w", None), "streamed_bytes", None)
+    """Bytes of weights one decode step streams (on one rank: rank 0's shard under tensor parallelism)."""
+    runner = getattr(model.runner, "shard", model.runner)
+    streamed = getattr(getattr(runner, "w", None), "streamed_bytes", None)
     if streamed is not None:
         return int(streamed())
-    return int(sum(a.nbytes for a in model.runner.w.values()))
+    return int(sum(a.nbytes for a in runner.w.values()))
 
 
 @dataclass(frozen=True)
@@ -155,30 +168,39 @@ class LatencyResult:
     bandwidth: float
     roofline_pct: float
     peak_memory: int
+    tensor_parallel: int = 1
+    all_reduce_ms: float = 0.0  # per decode step, mean over ranks (inside the step's time)
 
 
 def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 128,
                   bandwidth: float | None = None, repeats: int = 3) -> LatencyResult:
-    """Batch-1 TTFT and per-token decode time through the engine (warm: one run first)."""
+    """Batch-1 TTFT and per-token decode time through the engine (warm: one run first).
+
+    Under tensor parallelism the roofline is one rank's: its shard of the weights and of the
+    KV heads, over one device's bandwidth (every rank streams its own shard at once).
+    """
     device = str(getattr(model.runner, "device", "cpu"))
     bandwidth = bandwidth or copy_bandwidth(device if model.runner.name == "torch" else "cpu")
+    ranks = int(getattr(model.runner, "tensor_parallel", 1))
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True)
-    ttfts, tpots = [], []
+    ttfts, tpots, reduces = [], [], []
     for run in range(repeats + 1):
         engine = Engine(model, max_num_seqs=1, max_num_batched_tokens=max(prompt_tokens, 512),
                         detail="none")
         engine.add_request(rng.integers(0, model.config.vocab_size, prompt_tokens).tolist(), params)
-        step_times = []
+        step_times, step_reduces = [], []
         while engine.has_unfinished():
             t = time.perf_counter()
-            engine.step()
+            trace = engine.step()
             step_times.append(time.perf_counter() - t)
+            step_reduces.append(_mean_all_reduce(trace.timings, ranks))
         if run:  # the first run warms up compilation, graphs and caches
             ttfts.append(step_times[0])
             tpots += step_times[1:]
+            reduces += step_reduces[1:]
     itemsize = int(model.runner.dtype.itemsize)
-    kv_read = model.config.kv_bytes_per_token(itemsize) * (prompt_tokens + decode_tokens // 2)
+    kv_read = model.config.kv_bytes_per_token(itemsize) * (prompt_tokens + decode_tokens // 2) // ranks
     bytes_per_step = weight_bytes(model) + kv_read
     tpot = statistics.median(tpots)
     return LatencyResult(
@@ -187,7 +209,15 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
         tpot_p50_ms=1e3 * tpot, tpot_p95_ms=1e3 * float(np.percentile(tpots, 95)),
         decode_tokens_per_s=1 / tpot, bytes_per_step=bytes_per_step, bandwidth=bandwidth,
         roofline_pct=100 * bytes_per_step / bandwidth / tpot, peak_memory=_peak_memory(device),
+        tensor_parallel=ranks, all_reduce_ms=1e3 * statistics.median(reduces),
     )
+
+
+def _mean_all_reduce(timings: dict[str, float], ranks: int) -> float:
+    """Seconds one step spent in all-reduces, averaged over ranks (0 on one device)."""
+    if ranks == 1:
+        return 0.0
+    return sum(timings[f"rank{r}_all_reduce"] for r in range(ranks)) / ranks
 
 
 def peer_latency(peer: Any, vocab_size: int, prompt_tokens: int = 512, decode_tokens: int = 128,
@@ -304,12 +334,15 @@ def as_dict(result: Any) -> dict[str, Any]:
 
 
 def latency_table(results: list[LatencyResult]) -> str:
+    """One row per result; tensor-parallel rows add the ranks and the all-reduce time per step."""
+    parallel = any(r.tensor_parallel > 1 for r in results)
     lines = [f"{'runner':<34}{'TTFT':>9}{'TPOT p50':>10}{'p95':>8}{'tok/s':>9}{'roofline':>10}"
-             f"{'peak mem':>10}"]
+             f"{'peak mem':>10}" + (f"{'TP':>4}{'all-reduce':>12}" if parallel else "")]
     for r in results:
         lines.append(f"{r.label:<34}{r.ttft_ms:>7.1f}ms{r.tpot_p50_ms:>8.2f}ms{r.tpot_p95_ms:>6.2f}ms"
                      f"{r.decode_tokens_per_s:>9.1f}{r.roofline_pct:>9.1f}%"
-                     f"{r.peak_memory / 1e9:>8.2f}GB")
+                     f"{r.peak_memory / 1e9:>8.2f}GB"
+                     + (f"{r.tensor_parallel:>4}{r.all_reduce_ms:>10.2f}ms" if parallel else ""))
     return "\n".join(lines)
 
 

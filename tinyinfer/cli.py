@@ -123,7 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.workload in ("latency", "throughput") or args.preset:
         return _bench_shapes(args)
-    import tinyinfer
     from tinyinfer import bench
 
     model = load_model(args)
@@ -150,13 +149,20 @@ def _bench_shapes(args: argparse.Namespace) -> int:
     from tinyinfer import bench_shapes as bs
 
     with_peer = args.peer == "transformers"
+    if with_peer and args.tensor_parallel > 1:
+        raise TinyInferError("--peer transformers runs the whole model on one device: measure it "
+                             "in a run without --tensor-parallel")
     if args.preset:
-        if args.quantize or args.tensor_parallel > 1:
-            raise TinyInferError("--preset builds random bf16/fp32 weights on one device: "
-                                 "--quantize and --tensor-parallel do not apply to it")
+        if args.quantize:
+            raise TinyInferError("--preset builds random bf16/fp32 weights: --quantize does not apply to it")
         device = args.device or _default_device()
-        model, peer = bs.shape_models(args.preset, device, args.dtype or _default_dtype(device),
-                                      with_peer=with_peer)
+        dtype = args.dtype or _default_dtype(device)
+        if args.tensor_parallel > 1:
+            model, peer = bs.shape_tensor_parallel(args.preset, args.tensor_parallel, device, dtype), None
+        else:
+            model, peer = bs.shape_models(args.preset, device, dtype, with_peer=with_peer)
+    elif args.tensor_parallel > 1:
+        model, peer = load_model(args), None
     else:
         model, peer = bs.folder_models(args.model, args.runner, args.device, args.dtype, with_peer)
     print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)

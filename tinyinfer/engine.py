@@ -450,6 +450,7 @@ class Engine:
             cached_pages=tuple(p.page_id for p in snap.pages if p.cached),
             page_bytes=self.page_bytes, prefix_hits=snap.prefix_hits,
             prefix_queries=snap.prefix_queries,
+            ranks=getattr(self.model.runner, "rank_shares", ()),  # tensor-parallel runners
         )
 
     def seq_id(self, request_id: str) -> int:

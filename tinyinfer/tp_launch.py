@@ -9,7 +9,7 @@ Workers are started with torch.multiprocessing's "spawn" (a fresh interpreter ea
 requires), so a script that loads a tensor-parallel model must guard its top level with
 ``if __name__ == "__main__":``. Each rank reads the checkpoint itself and keeps only its
 shard. They meet at a TCP store on 127.0.0.1 and a free port: NCCL on GPUs (rank r on
-cuda:r), gloo on CPU; commands travel over a second, gloo group.
+cuda:r), gloo on CPU; commands travel down one pipe per worker.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import queue
 import socket
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -113,11 +114,11 @@ def _launch(spec: LaunchSpec, config: ModelConfig, name: str, startup_timeout: f
     try:
         shard = _build_shard(spec, 0)
         workers.wait_ready(startup_timeout)
-        group = _join_group(spec, 0)
+        _join_group(spec, 0)
     except BaseException:
         workers.stop()
         raise
-    runner = TensorParallelRunner(shard, group, workers_alive=workers.alive, on_close=workers.stop)
+    runner = TensorParallelRunner(shard, workers.conns, workers_alive=workers.alive, on_close=workers.stop)
     atexit.register(runner.close)
     return Model(config=config, runner=runner, path=spec.path or Path(name), name=name,  # type: ignore[arg-type]
                  _tokenizer_error=f"{name} has random weights and no tokenizer: pass token ids")
@@ -145,15 +146,14 @@ def _build_shard(spec: LaunchSpec, rank: int) -> ShardRunner:
                        device=spec.device(rank), dtype=spec.dtype, **spec.options)
 
 
-def _join_group(spec: LaunchSpec, rank: int) -> Any:
-    """Join the default group (NCCL or gloo) and return the gloo group commands travel over."""
+def _join_group(spec: LaunchSpec, rank: int) -> None:
+    """Join the default group the tensors travel over: NCCL on GPUs, gloo on CPU."""
     backend = "nccl" if spec.device_type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank,
                             world_size=spec.world)
-    return dist.new_group(backend="gloo")
 
 
-def _worker_main(spec: LaunchSpec, rank: int, ready: Any) -> None:
+def _worker_main(spec: LaunchSpec, rank: int, ready: Any, conn: Connection) -> None:
     """A worker process: build the shard, say so, join the group, serve rank 0 until shutdown."""
     try:
         if spec.device_type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
@@ -163,9 +163,9 @@ def _worker_main(spec: LaunchSpec, rank: int, ready: Any) -> None:
         ready.put((rank, f"{type(exc).__name__}: {exc}"))
         return
     ready.put((rank, None))
-    group = _join_group(spec, rank)
+    _join_group(spec, rank)
     try:
-        serve_worker(shard, group)
+        serve_worker(shard, conn)
     finally:
         dist.destroy_process_group()
 
@@ -176,17 +176,19 @@ class _Workers:
 
     processes: list[BaseProcess]
     ready: Any  # a multiprocessing queue of (rank, error message or None)
+    conns: list[Connection]  # rank 0's end of each worker's command pipe
 
     @classmethod
     def start(cls, spec: LaunchSpec) -> _Workers:
         context = mp.get_context("spawn")
         ready = context.Queue()
-        processes = [context.Process(target=_worker_main, args=(spec, rank, ready), daemon=True,
-                                     name=f"tinyinfer-tp-rank{rank}")
+        pipes = [context.Pipe() for _ in range(1, spec.world)]
+        processes = [context.Process(target=_worker_main, args=(spec, rank, ready, pipes[rank - 1][1]),
+                                     daemon=True, name=f"tinyinfer-tp-rank{rank}")
                      for rank in range(1, spec.world)]
         for process in processes:
             process.start()
-        return cls(processes, ready)
+        return cls(processes, ready, [ours for ours, _ in pipes])
 
     def wait_ready(self, timeout: float) -> None:
         """Block until every worker has built its shard; raise what a failed one reported."""

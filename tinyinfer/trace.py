@@ -47,6 +47,20 @@ class SeqStep:
 
 
 @dataclass(frozen=True)
+class RankShare:
+    """What one tensor-parallel rank owns, as [start, stop) ranges of the whole model's units.
+
+    Every rank holds every KV page, but only its KV heads' slice of it.
+    """
+
+    rank: int
+    heads: tuple[int, int]  # query heads
+    kv_heads: tuple[int, int]  # KV heads: this slice of every page lives on this rank
+    mlp_units: tuple[int, int]  # intermediate units of gate/up (GPT-2: fc) and down (proj)
+    vocab_rows: tuple[int, int]  # rows of the embedding and the LM head
+
+
+@dataclass(frozen=True)
 class PoolView:
     """The page pool after the step: who owns each page."""
 
@@ -60,6 +74,7 @@ class PoolView:
     page_bytes: int = 0  # K and V bytes of one page across all layers, in the runner's dtype
     prefix_hits: int = 0  # prompt tokens served from the prefix cache so far
     prefix_queries: int = 0  # prompt tokens looked up so far
+    ranks: tuple[RankShare, ...] = ()  # tensor parallelism: who owns which heads (one rank: empty)
 
 
 @dataclass(frozen=True)
@@ -108,7 +123,10 @@ def _step_from_dict(d: dict[str, Any]) -> StepTrace:
     pool = d.get("pool")
     pool_view = None if pool is None else PoolView(
         **{**pool, "owners": tuple(tuple(o) for o in pool["owners"]),
-           "cached_pages": tuple(pool["cached_pages"])})
+           "cached_pages": tuple(pool["cached_pages"]),
+           "ranks": tuple(RankShare(r["rank"], *(tuple(r[k]) for k in ("heads", "kv_heads", "mlp_units",
+                                                                       "vocab_rows")))
+                          for r in pool.get("ranks", ()))})
     tuples = ("admitted", "preempted", "finished", "pages_allocated", "pages_freed",
               "prefix_hit_pages")
     rest = {k: tuple(d[k]) if k in tuples else d[k] for k in d if k not in ("seqs", "pool")}

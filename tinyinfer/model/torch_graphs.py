@@ -14,7 +14,6 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -45,6 +44,7 @@ class DecodeGraphs:
         self.host_array = self.host.numpy()  # the same pinned memory, written from NumPy
         self.inputs = torch.zeros(size, dtype=torch.int64, device=device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self.timers: dict[int, Any] = {}  # per size, timers the runner recorded into the graph
         self.pool = None
 
     def padded_size(self, batch_size: int) -> int | None:

@@ -43,6 +43,7 @@ from tinyinfer.model import torch_layers as layers
 from tinyinfer.model.runner import Batch, TopLogits
 from tinyinfer.model.torch_fast import TorchKVCache, TorchRunner, _Step
 from tinyinfer.model.torch_weights import random_weights
+from tinyinfer.trace import RankShare
 
 WeightArray = np.ndarray | Tensor
 
@@ -86,6 +87,21 @@ class VocabShard:
         rows = math.ceil(vocab_size / world)
         start = rank * rows
         return cls(start, rows, max(0, min(rows, vocab_size - start)))
+
+
+def rank_shares(config: ModelConfig, world: int) -> tuple[RankShare, ...]:
+    """Which heads, KV heads, MLP units and vocabulary rows each of ``world`` ranks owns."""
+    def span(size: int, rank: int) -> tuple[int, int]:
+        part = _part(size, rank, world)
+        return part.start, part.stop
+
+    shares = []
+    for rank in range(world):
+        vocab = VocabShard.of(config.vocab_size, rank, world)
+        start = min(vocab.start, config.vocab_size)
+        shares.append(RankShare(rank, span(config.num_heads, rank), span(config.num_kv_heads, rank),
+                                span(config.intermediate_size, rank), (start, start + vocab.valid)))
+    return tuple(shares)
 
 
 def shard_weights(config: ModelConfig, weights: Mapping[str, WeightArray], rank: int,
@@ -195,22 +211,36 @@ class RankTiming:
 
 
 class _CommClock:
-    """Times collectives: CUDA events on a GPU (no extra synchronisation), perf_counter on CPU."""
+    """Times collectives: CUDA events on a GPU (no extra synchronisation), perf_counter on CPU.
+
+    Inside a CUDA graph capture the events are "external": they become event-record nodes of
+    the graph, so every replay records them again and the same spans time the replayed step.
+    """
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.spans: dict[str, list[Any]] = {"all_reduce": [], "gather": []}
+        self.spans: dict[str, list[Any]] = _no_spans()
+        self.captured: dict[str, list[Any]] = _no_spans()  # recorded while a graph is captured
 
-    def reset(self) -> None:
-        self.spans = {"all_reduce": [], "gather": []}
+    def reset(self, replayed: dict[str, list[Any]] | None = None) -> None:
+        """Start a step: no spans yet, or the spans a replayed graph recorded again."""
+        self.spans = _no_spans()
+        for kind, spans in (replayed or {}).items():
+            self.spans[kind].extend(spans)
+
+    def take_captured(self) -> dict[str, list[Any]]:
+        """The spans a graph capture just recorded (they time each replay of that graph)."""
+        captured, self.captured = self.captured, _no_spans()
+        return captured
 
     def run(self, kind: str, collective: Any, *args: Any, **kwargs: Any) -> None:
         if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            capturing = torch.cuda.is_current_stream_capturing()
+            start, end = (torch.cuda.Event(enable_timing=True, external=capturing) for _ in range(2))
             start.record()
             collective(*args, **kwargs)
             end.record()
-            self.spans[kind].append((start, end))
+            (self.captured if capturing else self.spans)[kind].append((start, end))
         else:
             t0 = time.perf_counter()
             collective(*args, **kwargs)
@@ -223,10 +253,17 @@ class _CommClock:
         return float(sum(self.spans[kind]))
 
 
+def _no_spans() -> dict[str, list[Any]]:
+    return {"all_reduce": [], "gather": []}
+
+
 class ShardRunner(TorchRunner):
     """One rank's slice of the model: TorchRunner on a shard config, with all-reduces between layers.
 
     ``weights`` are the whole model's (cut here), or this rank's shard already when ``presharded``.
+    Decode steps replay CUDA graphs as on one GPU: NCCL's all-reduces are captured with the
+    layers, and every rank captures the same step at the same moment, because every rank runs
+    the same commands in the same order.
 
     Its logits are this rank's vocabulary slice, [R, Vs]; ``run_step`` assembles them on rank 0.
     Must be used after ``torch.distributed`` is initialised, by all ranks in the same order.
@@ -235,10 +272,6 @@ class ShardRunner(TorchRunner):
     def __init__(self, config: ModelConfig, weights: Mapping[str, WeightArray], rank: int,
                  world: int, device: str | None = None, dtype: str | None = None,
                  compile: bool | None = None, presharded: bool = False, **options: Any):
-        if options.get("cuda_graphs"):
-            raise TinyInferError("CUDA graphs are not used under tensor parallelism: "
-                                 "drop cuda_graphs=True")
-        options["cuda_graphs"] = False
         shard = weights if presharded else shard_weights(config, weights, rank, world)
         super().__init__(shard_config(config, world), shard, device=device, dtype=dtype,
                          compile=compile, **options)
@@ -248,6 +281,19 @@ class ShardRunner(TorchRunner):
         self.clock = _CommClock(self.device)
         self._eager = (layers.attention_input, mlp_after_attention, layers.final_logits)
         self._decode_fns = tuple(torch.compile(f) for f in self._eager) if self.compile else self._eager
+
+    def _device_logits(self, batch: Batch, kv: TorchKVCache) -> Tensor:
+        """TorchRunner's step; a replayed graph's collectives are timed by the spans it captured."""
+        graphs = self._decode_graphs(batch, kv)
+        size = graphs.padded_size(batch.num_seqs) if graphs is not None else None
+        if graphs is None or size is None:
+            return super()._device_logits(batch, kv)
+        new = size not in graphs.graphs
+        logits = super()._device_logits(batch, kv)
+        if new:
+            graphs.timers[size] = self.clock.take_captured()
+        self.clock.reset(graphs.timers[size])
+        return logits
 
     def _all_reduce(self, x: Tensor) -> Tensor:
         """Sum a [T, D] partial result over ranks, in place."""

@@ -2,10 +2,11 @@
 
 The engine, scheduler and page bookkeeping exist once, in the user's process (rank 0). Its
 ``TensorParallelRunner`` implements the ``ModelRunner`` protocol: for every call it first
-broadcasts a ``Command`` (the step's ``Batch``, a new KV cache, a page copy) to the workers
-over a CPU (gloo) group, then does its own share. Workers wait in ``serve_worker`` and do the
-same share on their shard. Tensors — the all-reduces, the logits gather — travel over the
-default group: NCCL on GPUs, gloo on CPU.
+sends a ``Command`` (the step's ``Batch``, a new KV cache, a page copy) down a pipe to each
+worker, then does its own share. Workers wait in ``serve_worker`` and do the same share on
+their shard, then send back their timing. Tensors — the all-reduces, the logits gather —
+travel over the default group: NCCL on GPUs, gloo on CPU. (A pipe carries a small pickled
+command in tens of microseconds; a second gloo group took a millisecond or more per step.)
 """
 
 from __future__ import annotations
@@ -15,18 +16,19 @@ import itertools
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
 from tinyinfer.model.runner import Batch, TopLogits
 from tinyinfer.model.torch_fast import TorchKVCache
-from tinyinfer.model.torch_tp import RankTiming, ShardRunner
+from tinyinfer.model.torch_tp import RankTiming, ShardRunner, rank_shares
+from tinyinfer.trace import RankShare
 
 
 @dataclass(frozen=True)
@@ -53,35 +55,16 @@ class TensorParallelKVCache:
         return self.local.num_pages
 
 
-def broadcast_command(command: Command | None, group: Any) -> Command:
-    """Rank 0 sends a command (pickled, over the CPU group); workers pass None and receive it."""
-    box = [command]
-    dist.broadcast_object_list(box, src=0, group=group)
-    return box[0]
-
-
-def exchange_timings(timing: RankTiming, world: int, group: Any) -> tuple[RankTiming, ...] | None:
-    """Every rank's timing of the step, collected on rank 0 (None elsewhere)."""
-    mine = torch.tensor([timing.compute_s, timing.all_reduce_s, timing.gather_s,
-                         timing.num_all_reduces], dtype=torch.float64)
-    if world == 1:
-        return (timing,)
-    parts = [torch.empty_like(mine) for _ in range(world)] if timing.rank == 0 else None
-    dist.gather(mine, parts, dst=0, group=group)
-    if parts is None:
-        return None
-    return tuple(RankTiming(r, float(p[0]), float(p[1]), float(p[2]), int(p[3]))
-                 for r, p in enumerate(parts))
-
-
-def serve_worker(shard: ShardRunner, group: Any) -> None:
-    """A worker's life: run every command rank 0 broadcasts, until "shutdown"."""
+def serve_worker(shard: ShardRunner, conn: Connection) -> None:
+    """A worker's life: run every command rank 0 sends, until "shutdown"; answer each step's timing."""
     caches: dict[int, TorchKVCache] = {}
     while True:
-        command = broadcast_command(None, group)
+        command: Command = conn.recv()
         for kv_id in command.drop:
-            caches.pop(kv_id, None)
+            _release(caches.pop(kv_id, None))
         if command.kind == "shutdown":
+            for cache in caches.values():
+                _release(cache)
             return
         if command.kind == "new_kv":
             caches[command.kv_id] = shard.new_kv_cache(*command.args)
@@ -90,9 +73,15 @@ def serve_worker(shard: ShardRunner, group: Any) -> None:
         elif command.kind == "forward" and command.batch is not None:
             top_k = command.args[0] if command.args else None
             _, timing = shard.run_step(command.batch, caches[command.kv_id], top_k)
-            exchange_timings(timing, shard.world, group)
+            conn.send(timing)
         else:
             raise RuntimeError(f"unknown tensor-parallel command {command.kind!r}")
+
+
+def _release(cache: TorchKVCache | None) -> None:
+    """Free a cache's CUDA graphs now: NCCL cannot tear a communicator down under live graphs."""
+    if cache is not None:
+        cache.graphs = None
 
 
 @dataclass
@@ -100,13 +89,14 @@ class TensorParallelRunner:
     """The ModelRunner the engine sees: rank 0's shard plus the workers it commands."""
 
     shard: ShardRunner
-    group: Any  # the CPU (gloo) group commands travel over
+    conns: list[Connection]  # one pipe to each worker, rank 1 first
     workers_alive: Callable[[], bool]  # False once any worker process has died
     on_close: Callable[[], None]  # stops the workers and tears the process groups down
     name: str = "torch"
     last_timings: tuple[RankTiming, ...] = ()  # per rank, the last forward step
     _kv_ids: Any = field(default_factory=itertools.count, repr=False)
     _dropped: deque[int] = field(default_factory=deque, repr=False)
+    _live: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary, repr=False)
     _closed: bool = False
 
     @property
@@ -116,6 +106,11 @@ class TensorParallelRunner:
     @property
     def tensor_parallel(self) -> int:
         return self.shard.world
+
+    @property
+    def rank_shares(self) -> tuple[RankShare, ...]:
+        """Which heads, KV heads, MLP units and vocabulary rows each rank owns."""
+        return rank_shares(self.config, self.tensor_parallel)
 
     @property
     def device(self) -> torch.device:
@@ -136,6 +131,7 @@ class TensorParallelRunner:
         kv_id = next(self._kv_ids)
         self._send(Command("new_kv", kv_id, (num_pages, block_size)))
         handle = TensorParallelKVCache(kv_id, self.shard.new_kv_cache(num_pages, block_size), block_size)
+        self._live[kv_id] = handle
         # Workers free their shard at the next command after the engine drops this handle.
         weakref.finalize(handle, self._dropped.append, kv_id)
         return handle
@@ -164,9 +160,12 @@ class TensorParallelRunner:
             return
         self._closed = True
         atexit.unregister(self.close)  # the launcher registered it; nothing is left to do at exit
+        for handle in list(self._live.values()):
+            _release(handle.local)
         try:
             if self.workers_alive():
-                broadcast_command(Command("shutdown"), self.group)
+                for conn in self.conns:
+                    conn.send(Command("shutdown"))
         finally:
             self.on_close()
 
@@ -176,8 +175,11 @@ class TensorParallelRunner:
         self._send(Command("forward", kv.kv_id, () if top_k is None else (top_k,), batch))
         with torch.no_grad():
             result, timing = self.shard.run_step(batch, kv.local, top_k)
-        timings = exchange_timings(timing, self.tensor_parallel, self.group)
-        self.last_timings = timings or ()
+        try:
+            self.last_timings = (timing, *(conn.recv() for conn in self.conns))
+        except EOFError:
+            raise TinyInferError("a tensor-parallel worker process stopped during a step (see its "
+                                 "error above): close() this model and load it again") from None
         assert result is not None
         return result
 
@@ -190,5 +192,6 @@ class TensorParallelRunner:
         drop = []
         while self._dropped:  # popleft is atomic: a finalizer may append while we drain
             drop.append(self._dropped.popleft())
-        broadcast_command(Command(command.kind, command.kv_id, command.args, command.batch, tuple(drop)),
-                          self.group)
+        command = Command(command.kind, command.kv_id, command.args, command.batch, tuple(drop))
+        for conn in self.conns:
+            conn.send(command)

@@ -12,8 +12,11 @@ every decoded token (decode steps replay CUDA graphs with NCCL inside); the same
 all_reduce_tp2 / _tp4: the cost of one NCCL all-reduce by message size, eager and replayed
 from a CUDA graph: the simulator's link latency and bandwidth.
 
-llama3_8b_tp1 / _tp2 / _tp4 (/ _tp4_no_graphs), llama2_70b_tp4: batch-1 decode through
-``bench_shapes.bench_latency`` (prompt 512, 128 tokens), the 70B shape at TP=4 only.
+llama3_8b_tp1 / _tp2 / _tp4 (/ _tp4_no_graphs, _tp2_untimed), llama2_70b_tp4: batch-1 decode
+through ``bench_shapes.bench_latency`` (prompt 512, 128 tokens), the 70B shape at TP=4 only.
+
+profile_8b_tp1 / _tp2: torch.profiler over 20 decode steps on rank 0 — GPU kernel time, NCCL
+kernel time and GPU idle time per step, and the kernel table in DIR/profile_tp<N>.txt.
 """
 
 from __future__ import annotations
@@ -200,7 +203,35 @@ def latency(model: Any) -> tuple[dict, Any]:
     return result, model
 
 
-def stages() -> dict[str, Callable[[], tuple[Any, Any]]]:
+def profile(model: Any, out: Path, steps: int = 20) -> tuple[dict, Any]:
+    """Rank 0's host and GPU time over decode steps (after warm-up), from torch.profiler.
+
+    Writes the kernel table to OUT/profile_<name>.txt; returns per-step wall time, the GPU time
+    of all kernels, of NCCL's, and the gap (the GPU idle while the host works or waits).
+    """
+    engine = tinyinfer.Engine(model, max_num_seqs=1, detail="none")
+    prompt = np.random.default_rng(0).integers(0, model.config.vocab_size, 512).tolist()
+    engine.add_request(prompt, tinyinfer.SamplingParams(temperature=0, max_tokens=steps + 16, ignore_eos=True))
+    for _ in range(8):  # prefill, compile, graph capture
+        engine.step()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) / steps
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu = sum(e.self_device_time_total for e in kernels) / steps / 1e3  # ms per step
+    nccl = sum(e.self_device_time_total for e in kernels if "nccl" in e.key.lower()) / steps / 1e3
+    tp = int(getattr(model.runner, "tensor_parallel", 1))
+    (out / f"profile_tp{tp}.txt").write_text(events.table(sort_by="self_device_time_total", row_limit=40))
+    return {"wall_ms_per_step": 1e3 * wall, "gpu_kernel_ms_per_step": gpu, "nccl_kernel_ms_per_step": nccl,
+            "gpu_idle_ms_per_step": 1e3 * wall - gpu, "timings_of_last_step": engine.step().timings}, model
+
+
+def stages(out: Path) -> dict[str, Callable[[], tuple[Any, Any]]]:
     eight, _ = bs.shape_config("llama-3-8b", 2048)
     table: dict[str, Callable[[], tuple[Any, Any]]] = {
         "bundled_tp2": bundled_tp2,
@@ -208,6 +239,10 @@ def stages() -> dict[str, Callable[[], tuple[Any, Any]]]:
         "llama3_8b_tp4_no_graphs": lambda: latency(load_tensor_parallel_random(
             eight, 4, device="cuda", dtype="bfloat16", name="llama-3-8b", cuda_graphs=False)),
         "llama2_70b_tp4": lambda: latency(bs.shape_tensor_parallel("llama-2-70b", 4, "cuda", "bfloat16")),
+        "llama3_8b_tp2_untimed": lambda: latency(load_tensor_parallel_random(
+            eight, 2, device="cuda", dtype="bfloat16", name="llama-3-8b", time_collectives=False)),
+        "profile_8b_tp1": lambda: profile(bs.shape_models("llama-3-8b", "cuda", "bfloat16")[0], out),
+        "profile_8b_tp2": lambda: profile(bs.shape_tensor_parallel("llama-3-8b", 2, "cuda", "bfloat16"), out),
     }
     for world in (2, 4):
         table[f"all_reduce_tp{world}"] = lambda world=world: all_reduce_sweep(world)
@@ -223,7 +258,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("stage", nargs="*", help="stages to run (default: all, each in this process)")
     args = parser.parse_args()
-    table = stages()
+    table = stages(Path(args.out))
     report = Report(Path(args.out) / "tp_gpu_check.json")
     for name in args.stage or list(table):
         report.stage(name, table[name])

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Every stage of tp_gpu_check.py, each in its own process under a time limit, most important first.
-#   bash scripts/tp_gpu_check.sh OUT_DIR [SECONDS_BUDGET]
+#   [STAGES="profile_8b_tp1:120 profile_8b_tp2:120 ..."] bash scripts/tp_gpu_check.sh OUT_DIR [SECONDS_BUDGET]
 out=${1:?usage: tp_gpu_check.sh OUT_DIR [SECONDS_BUDGET]}
 budget=${2:-540}
 start=$SECONDS
 export PYTHONPATH=. PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
-for entry in bundled_tp2:120 gqa_tp4_float32:150 llama3_8b_tp1:150 llama3_8b_tp4:150 \
+for entry in ${STAGES:-bundled_tp2:120 gqa_tp4_float32:150 llama3_8b_tp1:150 llama3_8b_tp4:150 \
              llama2_70b_tp4:200 llama3_8b_tp2:150 all_reduce_tp4:60 all_reduce_tp2:60 \
-             gqa_tp4_bfloat16:100 llama3_8b_tp4_no_graphs:120 gqa_tp2_float32:100; do
+             gqa_tp4_bfloat16:100 llama3_8b_tp4_no_graphs:120 gqa_tp2_float32:100}; do
   stage=${entry%%:*}
   left=$((budget - (SECONDS - start)))
   limit=$(( ${entry##*:} < left ? ${entry##*:} : left ))

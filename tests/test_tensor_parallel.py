@@ -339,3 +339,18 @@ def test_cli_bench_latency_reports_ranks_and_all_reduce_time(tmp_path):
         [sys.executable, "-m", "tinyinfer.cli", "bench", "latency", "--runner", "torch",
          "--tensor-parallel", "2", "--peer", "transformers"], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "without --tensor-parallel" in refused.stderr
+
+
+def test_untimed_collectives_are_counted_and_change_nothing():
+    params = SamplingParams(max_tokens=6, temperature=0)
+    reference = tinyinfer.load("bundled", runner="torch", device="cpu")
+    expected, _ = generate(reference, [[5, 6, 7, 8]], params)
+    tp = load_tensor_parallel("bundled", tensor_parallel=2, device="cpu", time_collectives=False)
+    try:
+        tokens, _ = generate(tp, [[5, 6, 7, 8]], params)
+        assert tokens == expected
+        layers = tp.config.num_layers
+        assert [(t.num_all_reduces, t.all_reduce_s) for t in tp.runner.last_timings] == [(2 * layers + 1, 0.0)] * 2
+        assert tp.runner.describe()["time_collectives"] is False
+    finally:
+        tp.runner.close()

@@ -217,8 +217,9 @@ class _CommClock:
     the graph, so every replay records them again and the same spans time the replayed step.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, enabled: bool = True):
         self.cuda = device.type == "cuda"
+        self.enabled = enabled  # off: collectives are only counted (no events, no clock reads)
         self.spans: dict[str, list[Any]] = _no_spans()
         self.captured: dict[str, list[Any]] = _no_spans()  # recorded while a graph is captured
 
@@ -234,20 +235,26 @@ class _CommClock:
         return captured
 
     def run(self, kind: str, collective: Any, *args: Any, **kwargs: Any) -> None:
-        if self.cuda:
-            capturing = torch.cuda.is_current_stream_capturing()
+        capturing = self.cuda and torch.cuda.is_current_stream_capturing()
+        spans = (self.captured if capturing else self.spans)[kind]
+        if not self.enabled:
+            collective(*args, **kwargs)
+            spans.append(None)
+        elif self.cuda:
             start, end = (torch.cuda.Event(enable_timing=True, external=capturing) for _ in range(2))
             start.record()
             collective(*args, **kwargs)
             end.record()
-            (self.captured if capturing else self.spans)[kind].append((start, end))
+            spans.append((start, end))
         else:
             t0 = time.perf_counter()
             collective(*args, **kwargs)
-            self.spans[kind].append(time.perf_counter() - t0)
+            spans.append(time.perf_counter() - t0)
 
     def seconds(self, kind: str) -> float:
         """Total time of one kind of collective; call after the step's results reached the host."""
+        if not self.enabled:
+            return 0.0
         if self.cuda:
             return sum(s.elapsed_time(e) for s, e in self.spans[kind]) / 1e3
         return float(sum(self.spans[kind]))
@@ -261,7 +268,8 @@ class ShardRunner(TorchRunner):
     """One rank's slice of the model: TorchRunner on a shard config, with all-reduces between layers.
 
     ``weights`` are the whole model's (cut here), or this rank's shard already when ``presharded``.
-    Decode steps replay CUDA graphs as on one GPU: NCCL's all-reduces are captured with the
+    ``time_collectives=False`` only counts the collectives (no CUDA events): the step's timing
+    then reports it all as compute. Decode steps replay CUDA graphs as on one GPU: NCCL's all-reduces are captured with the
     layers, and every rank captures the same step at the same moment, because every rank runs
     the same commands in the same order.
 
@@ -271,14 +279,15 @@ class ShardRunner(TorchRunner):
 
     def __init__(self, config: ModelConfig, weights: Mapping[str, WeightArray], rank: int,
                  world: int, device: str | None = None, dtype: str | None = None,
-                 compile: bool | None = None, presharded: bool = False, **options: Any):
+                 compile: bool | None = None, presharded: bool = False,
+                 time_collectives: bool = True, **options: Any):
         shard = weights if presharded else shard_weights(config, weights, rank, world)
         super().__init__(shard_config(config, world), shard, device=device, dtype=dtype,
                          compile=compile, **options)
         self.full_config = config
         self.rank, self.world = rank, world
         self.vocab = VocabShard.of(config.vocab_size, rank, world)
-        self.clock = _CommClock(self.device)
+        self.clock = _CommClock(self.device, time_collectives)
         self._eager = (layers.attention_input, mlp_after_attention, layers.final_logits)
         self._decode_fns = tuple(torch.compile(f) for f in self._eager) if self.compile else self._eager
 

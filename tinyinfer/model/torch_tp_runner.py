@@ -122,7 +122,8 @@ class TensorParallelRunner:
 
     def describe(self) -> dict[str, Any]:
         """The shard runner's choices, plus how many ranks share the model."""
-        return {**self.shard.describe(), "tensor_parallel": self.tensor_parallel}
+        return {**self.shard.describe(), "tensor_parallel": self.tensor_parallel,
+                "time_collectives": self.shard.clock.enabled}
 
     # ------------------------------------------------------------------ protocol
 

@@ -107,7 +107,7 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
         raise TinyInferError(f"runner must be one of {RUNNERS}, got {runner!r}")
     path, name = resolve_source(source)
     config = load_config(path)
-    weights, quantization = _load_weights(path, config, quantize)
+    weights, quantization = _load_weights(path, config, quantize, lazy=runner == "torch")
     if runner == "numpy":
         from tinyinfer.model.numpy_ref import NumpyRunner
 
@@ -127,9 +127,12 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
                  _tokenizer=tokenizer, _tokenizer_error=error)
 
 
-def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig | None
+def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig | None, lazy: bool
                   ) -> tuple[dict[str, np.ndarray | QuantizedWeight], QuantConfig | None]:
-    """A plain checkpoint's weights, quantized if asked; or a quantized checkpoint's, as saved."""
+    """A plain checkpoint's weights, quantized if asked; or a quantized checkpoint's, as saved.
+
+    ``lazy`` leaves bf16 weights in the file until the runner uses them (torch runner only).
+    """
     wanted = QuantConfig.parse(quantize) if isinstance(quantize, str) else quantize
     saved = read_quant_config(path)
     if saved is not None:
@@ -137,7 +140,7 @@ def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig |
             raise TinyInferError(f"{path} is already quantized as {saved.name}: load it without "
                                  f"quantize=, or quantize the original checkpoint as {wanted.name}")
         return load_quantized(path, config)
-    weights = load_weights(path, config)
+    weights = load_weights(path, config, lazy=lazy and wanted is None)
     if wanted is None:
         return weights, None  # type: ignore[return-value]
     return quantize_weights(weights, wanted), wanted

@@ -142,7 +142,8 @@ def _build_shard(spec: LaunchSpec, rank: int) -> ShardRunner:
         return ShardRunner(config, weights, rank, spec.world, device=spec.device(rank),
                            dtype=spec.dtype, presharded=True, **spec.options)
     config = load_config(spec.path)
-    return ShardRunner(config, load_weights(spec.path, config), rank, spec.world,
+    # Lazy: bf16 stays in the memory-mapped file; this rank reads and converts only its shard.
+    return ShardRunner(config, load_weights(spec.path, config, lazy=True), rank, spec.world,
                        device=spec.device(rank), dtype=spec.dtype, **spec.options)
 
 

@@ -4,6 +4,12 @@ A safetensors file is an 8-byte little-endian header length, a JSON header namin
 tensor's dtype, shape and byte range, then the raw bytes. We read it directly (memory-mapped),
 which also lets us turn bfloat16 — a type NumPy lacks — into float32 from its raw bits.
 
+Reading is lazy where it can be: tensors are views of the memory-mapped file, so only the
+bytes a runner keeps are ever read. With ``lazy=True`` bfloat16 tensors stay ``Bf16Array``
+views of their raw bits too, converted only when (and as far as) they are used — the torch
+runner moves them to the device still in bf16, and a tensor-parallel rank slices out its
+shard first, so no rank ever holds a whole checkpoint in float32.
+
 Hugging Face names are mapped to one internal naming shared by both runners. Every linear
 weight is stored ``[out_features, in_features]`` so that ``y = x @ W.T``.
 """
@@ -39,8 +45,34 @@ def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return ((u + rounding) >> 16).astype(np.uint16)
 
 
-def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
-    """Load every tensor of one .safetensors file as NumPy (bf16 becomes float32)."""
+class Bf16Array:
+    """A bfloat16 tensor left in its file: it slices and transposes like an array, for free,
+    and becomes float32 only when NumPy asks for its values (``np.asarray``)."""
+
+    def __init__(self, bits: np.ndarray):
+        self.bits = bits  # uint16, usually a view of the memory-mapped file
+
+    shape = property(lambda self: self.bits.shape)
+    ndim = property(lambda self: self.bits.ndim)
+    dtype = np.dtype(np.float32)  # what its values become
+    T = property(lambda self: Bf16Array(self.bits.T))
+
+    def __getitem__(self, key: object) -> Bf16Array:
+        return Bf16Array(self.bits[key])
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        values = bf16_bits_to_float32(np.ascontiguousarray(self.bits))
+        return values if dtype is None else values.astype(dtype)
+
+
+WeightArray = np.ndarray | Bf16Array
+
+
+def read_safetensors(path: str | Path, lazy: bool = False) -> dict[str, WeightArray]:
+    """Every tensor of one .safetensors file as NumPy views of the file.
+
+    bf16 becomes float32, or with ``lazy`` stays a ``Bf16Array`` until used.
+    """
     path = Path(path)
     try:
         blob = np.memmap(path, dtype=np.uint8, mode="r")
@@ -60,11 +92,12 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        tensors[name] = _tensor_from_bytes(path, name, info, data)
+        tensor = _tensor_from_bytes(path, name, info, data)
+        tensors[name] = tensor if lazy or not isinstance(tensor, Bf16Array) else np.asarray(tensor)
     return tensors
 
 
-def _tensor_from_bytes(path: Path, name: str, info: dict, data: np.ndarray) -> np.ndarray:
+def _tensor_from_bytes(path: Path, name: str, info: dict, data: np.ndarray) -> WeightArray:
     try:
         dtype = _DTYPES[info["dtype"]]
         shape = tuple(int(s) for s in info["shape"])
@@ -79,7 +112,7 @@ def _tensor_from_bytes(path: Path, name: str, info: dict, data: np.ndarray) -> n
         )
     array = data[start:end].view(dtype).reshape(shape)
     if info["dtype"] == "BF16":
-        return bf16_bits_to_float32(array)
+        return Bf16Array(array)
     return array
 
 
@@ -91,7 +124,7 @@ def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray],
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=metadata)
 
 
-def read_checkpoint(folder: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def read_checkpoint(folder: str | Path, lazy: bool = False) -> tuple[dict[str, WeightArray], dict[str, str]]:
     """All tensors of a HF folder (single file or sharded index), and which file held each."""
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
@@ -113,13 +146,13 @@ def read_checkpoint(folder: str | Path) -> tuple[dict[str, np.ndarray], dict[str
                 f"no model.safetensors or model.safetensors.index.json in {folder} "
                 "(tinyinfer reads safetensors checkpoints; convert .bin files with transformers)"
             )
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, WeightArray] = {}
     origin: dict[str, str] = {}
     for name in files:
         shard = folder / name
         if not shard.is_file():
             raise CheckpointError(f"{index} names shard {name}, which is missing from {folder}")
-        for key, value in read_safetensors(shard).items():
+        for key, value in read_safetensors(shard, lazy).items():
             tensors[key] = value
             origin[key] = str(shard)
     return tensors, origin
@@ -128,14 +161,14 @@ def read_checkpoint(folder: str | Path) -> tuple[dict[str, np.ndarray], dict[str
 class _Source:
     """Takes tensors out of a checkpoint by HF name, remembering which were used."""
 
-    def __init__(self, tensors: dict[str, np.ndarray], origin: dict[str, str], prefix: str):
+    def __init__(self, tensors: dict[str, WeightArray], origin: dict[str, str], prefix: str):
         self.tensors, self.origin, self.prefix = tensors, origin, prefix
         self.used: set[str] = set()
 
     def has(self, name: str) -> bool:
         return self.prefix + name in self.tensors
 
-    def take(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    def take(self, name: str, shape: tuple[int, ...]) -> WeightArray:
         key = self.prefix + name
         if key not in self.tensors:
             raise CheckpointError(f"tensor {key!r} is missing from the checkpoint")
@@ -152,8 +185,8 @@ class _Source:
         return sorted(k for k in self.tensors if k not in self.used and not k.endswith(ignore))
 
 
-def map_weights(config: ModelConfig, tensors: dict[str, np.ndarray],
-                origin: dict[str, str]) -> dict[str, np.ndarray]:
+def map_weights(config: ModelConfig, tensors: dict[str, WeightArray],
+                origin: dict[str, str]) -> dict[str, WeightArray]:
     """Rename a checkpoint's HF tensors to tinyinfer's names, checking every shape."""
     if config.family == "gpt2":
         prefix = "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
@@ -174,7 +207,7 @@ def map_weights(config: ModelConfig, tensors: dict[str, np.ndarray],
     return weights
 
 
-def _map_gpt2(c: ModelConfig, src: _Source) -> dict[str, np.ndarray]:
+def _map_gpt2(c: ModelConfig, src: _Source) -> dict[str, WeightArray]:
     d, f = c.hidden_size, c.intermediate_size
     w = {
         "embed": src.take("wte.weight", (c.vocab_size, d)),
@@ -203,7 +236,7 @@ def _map_gpt2(c: ModelConfig, src: _Source) -> dict[str, np.ndarray]:
     return w
 
 
-def _map_llama(c: ModelConfig, src: _Source) -> dict[str, np.ndarray]:
+def _map_llama(c: ModelConfig, src: _Source) -> dict[str, WeightArray]:
     d, f = c.hidden_size, c.intermediate_size
     q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     w = {
@@ -262,7 +295,8 @@ def internal_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def load_weights(folder: str | Path, config: ModelConfig) -> dict[str, np.ndarray]:
-    """Read and map a checkpoint folder's weights (float32/float16 as stored; bf16 → float32)."""
-    tensors, origin = read_checkpoint(folder)
+def load_weights(folder: str | Path, config: ModelConfig, lazy: bool = False) -> dict[str, WeightArray]:
+    """Read and map a checkpoint folder's weights (float32/float16 as stored; bf16 → float32,
+    or with ``lazy`` a ``Bf16Array`` to convert when used)."""
+    tensors, origin = read_checkpoint(folder, lazy)
     return map_weights(config, tensors, origin)

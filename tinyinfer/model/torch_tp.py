@@ -44,8 +44,9 @@ from tinyinfer.model.runner import Batch, TopLogits
 from tinyinfer.model.torch_fast import TorchKVCache, TorchRunner, _Step
 from tinyinfer.model.torch_weights import random_weights
 from tinyinfer.trace import RankShare
+from tinyinfer.weights import Bf16Array
 
-WeightArray = np.ndarray | Tensor
+WeightArray = np.ndarray | Bf16Array | Tensor
 
 
 def check_tensor_parallel(config: ModelConfig, world: int, device_type: str, gpu_count: int) -> None:
@@ -116,7 +117,7 @@ def shard_weights(config: ModelConfig, weights: Mapping[str, WeightArray], rank:
     vocab = VocabShard.of(c.vocab_size, rank, world)
     out: dict[str, WeightArray] = {}
     for name, value in weights.items():
-        if not isinstance(value, (np.ndarray, Tensor)):
+        if not isinstance(value, (np.ndarray, Bf16Array, Tensor)):
             raise TinyInferError(f"weight {name} is a {type(value).__name__}: tensor parallelism "
                                  "shards float weights only; load without quantize=")
         placement = _placement(name)
@@ -177,6 +178,8 @@ def _pad_rows(value: WeightArray, rows: int) -> WeightArray:
     missing = rows - value.shape[0]
     if missing == 0:
         return value
+    if isinstance(value, Bf16Array):
+        value = np.asarray(value)  # only this rank's vocabulary rows are converted
     if isinstance(value, Tensor):
         return torch.cat([value, value.new_zeros((missing, *value.shape[1:]))])
     return np.concatenate([value, np.zeros((missing, *value.shape[1:]), dtype=value.dtype)])

@@ -18,6 +18,7 @@ from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
 from tinyinfer.model.torch_layers import QuantWeight, device_weight
 from tinyinfer.quant import QuantizedWeight, concat_out
+from tinyinfer.weights import Bf16Array
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -59,7 +60,10 @@ class DeviceWeights:
             if name not in weights:
                 return None
             value = weights[name]
-            if isinstance(value, np.ndarray):
+            if isinstance(value, Bf16Array):  # still bf16 bits in the file: no float32 on the host
+                bits = np.require(value.bits, requirements=["C", "W"])
+                value = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+            elif isinstance(value, np.ndarray):
                 value = torch.from_numpy(np.require(value, requirements=["C", "W"]))
             if not isinstance(value, Tensor):
                 raise TinyInferError(f"weight {name} is a {type(value).__name__}, not an array: "

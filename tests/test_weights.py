@@ -1,0 +1,66 @@
+"""Lazy bfloat16 reads: views of the file until used, the same values as the eager read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tinyinfer
+from tests.conftest import build_hf_model
+from tinyinfer.config import load_config
+from tinyinfer.loading import BUNDLED
+from tinyinfer.model.runner import make_batch
+from tinyinfer.model.torch_fast import TorchRunner
+from tinyinfer.model.torch_tp import shard_weights
+from tinyinfer.weights import Bf16Array, load_weights, read_checkpoint
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    config = load_config(BUNDLED["bundled"])
+    return config, load_weights(BUNDLED["bundled"], config), load_weights(BUNDLED["bundled"], config, lazy=True)
+
+
+def test_bf16_tensors_stay_in_the_file_until_used(bundled):
+    config, eager, lazy = bundled
+    tensors, _ = read_checkpoint(BUNDLED["bundled"], lazy=True)
+    assert tensors and all(isinstance(t, Bf16Array) for t in tensors.values())  # the bundled model is bf16
+    assert all(isinstance(t, np.ndarray) for t in read_checkpoint(BUNDLED["bundled"])[0].values())
+    w = lazy["layers.0.q.weight"]
+    assert isinstance(w, Bf16Array) and w.shape == eager["layers.0.q.weight"].shape
+    assert isinstance(w.bits, np.memmap)  # a view of the file, nothing read yet
+    np.testing.assert_array_equal(np.asarray(w), eager["layers.0.q.weight"])
+    np.testing.assert_array_equal(np.asarray(w[3:9, ::2].T), eager["layers.0.q.weight"][3:9, ::2].T)
+    assert np.asarray(w, dtype=np.float64).dtype == np.float64
+
+
+def test_torch_runner_from_lazy_weights_equals_eager(bundled):
+    config, eager, lazy = bundled
+    ids = [5, 6, 7, 8, 9]
+    batch = make_batch([(ids, 0, [0], False)], 16)
+    outputs = []
+    for weights in (eager, lazy):
+        runner = TorchRunner(config, weights, device="cpu", dtype="float32")
+        outputs.append(runner.forward(batch, runner.new_kv_cache(4, 16)))
+    np.testing.assert_array_equal(*outputs)  # bf16 -> float32 is exact either way
+
+
+def test_tensor_parallel_shard_of_lazy_weights_is_lazy_and_equal(bundled):
+    config, eager, lazy = bundled
+    for rank in (0, 1):
+        a, b = shard_weights(config, eager, rank, 2), shard_weights(config, lazy, rank, 2)
+        assert a.keys() == b.keys()
+        assert isinstance(b["layers.1.gate.weight"], Bf16Array) and isinstance(b["layers.1.o.weight"], Bf16Array)
+        for name in a:
+            np.testing.assert_array_equal(np.asarray(b[name]), a[name], err_msg=name)
+
+
+def test_lazy_gpt2_transposed_weights_match_transformers(tmp_path):
+    # GPT-2 stores Conv1D weights [in, out]: the lazy path transposes and slices views.
+    hf = build_hf_model("gpt2", tmp_path, dtype=torch.bfloat16)
+    model = tinyinfer.load(tmp_path, runner="torch", device="cpu", dtype="float32")
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    with torch.no_grad():
+        expected = hf.float()(torch.tensor([ids])).logits[0].numpy()
+    np.testing.assert_allclose(model.logits(ids), expected, atol=1e-4, rtol=1e-4)

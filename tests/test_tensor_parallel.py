@@ -67,8 +67,8 @@ class TestBundled:
         engine = tinyinfer.Engine(bundled_pair[0])
         engine.add_request([5, 6, 7], SamplingParams(max_tokens=2, temperature=0))
         timings = engine.step().timings
-        assert {"rank0_compute", "rank0_all_reduce", "rank1_compute",
-                "rank1_all_reduce"} <= set(timings)
+        assert {"rank0_compute", "rank0_all_reduce", "rank0_forward", "rank1_compute",
+                "rank1_all_reduce", "rank1_forward"} <= set(timings)
         assert timings["rank1_all_reduce"] > 0
 
     def test_logits_equal_tp1(self, bundled_pair):
@@ -335,6 +335,8 @@ def test_cli_bench_latency_reports_ranks_and_all_reduce_time(tmp_path):
     (row,) = json.loads(out.read_text())
     assert row["tensor_parallel"] == 2
     assert 0 < row["all_reduce_ms"] < row["tpot_p50_ms"]
+    assert {"rank0_forward", "rank1_forward", "rank1_all_reduce"} <= set(row["rank_ms"])
+    assert row["rank_ms"]["rank1_all_reduce"] < row["rank_ms"]["rank1_forward"] < row["tpot_p50_ms"]
     refused = subprocess.run(
         [sys.executable, "-m", "tinyinfer.cli", "bench", "latency", "--runner", "torch",
          "--tensor-parallel", "2", "--peer", "transformers"], capture_output=True, text=True, timeout=120)

@@ -170,6 +170,8 @@ class LatencyResult:
     peak_memory: int
     tensor_parallel: int = 1
     all_reduce_ms: float = 0.0  # per decode step, mean over ranks (inside the step's time)
+    rank_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # median per decode step of
+    # each rank's timings ("rank1_forward", "rank1_all_reduce", ...)
 
 
 def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 128,
@@ -184,21 +186,21 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
     ranks = int(getattr(model.runner, "tensor_parallel", 1))
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True)
-    ttfts, tpots, reduces = [], [], []
+    ttfts, tpots, ranked = [], [], []
     for run in range(repeats + 1):
         engine = Engine(model, max_num_seqs=1, max_num_batched_tokens=max(prompt_tokens, 512),
                         detail="none")
         engine.add_request(rng.integers(0, model.config.vocab_size, prompt_tokens).tolist(), params)
-        step_times, step_reduces = [], []
+        step_times, step_ranks = [], []
         while engine.has_unfinished():
             t = time.perf_counter()
             trace = engine.step()
             step_times.append(time.perf_counter() - t)
-            step_reduces.append(_mean_all_reduce(trace.timings, ranks))
+            step_ranks.append({k: v for k, v in trace.timings.items() if k.startswith("rank")})
         if run:  # the first run warms up compilation, graphs and caches
             ttfts.append(step_times[0])
             tpots += step_times[1:]
-            reduces += step_reduces[1:]
+            ranked += step_ranks[1:]
     itemsize = int(model.runner.dtype.itemsize)
     kv_read = model.config.kv_bytes_per_token(itemsize) * (prompt_tokens + decode_tokens // 2) // ranks
     bytes_per_step = weight_bytes(model) + kv_read
@@ -209,15 +211,11 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
         tpot_p50_ms=1e3 * tpot, tpot_p95_ms=1e3 * float(np.percentile(tpots, 95)),
         decode_tokens_per_s=1 / tpot, bytes_per_step=bytes_per_step, bandwidth=bandwidth,
         roofline_pct=100 * bytes_per_step / bandwidth / tpot, peak_memory=_peak_memory(device),
-        tensor_parallel=ranks, all_reduce_ms=1e3 * statistics.median(reduces),
+        tensor_parallel=ranks,
+        all_reduce_ms=1e3 * statistics.median(
+            sum(t.get(f"rank{r}_all_reduce", 0.0) for r in range(ranks)) / ranks for t in ranked),
+        rank_ms={key: 1e3 * statistics.median(t[key] for t in ranked) for key in sorted(ranked[0])},
     )
-
-
-def _mean_all_reduce(timings: dict[str, float], ranks: int) -> float:
-    """Seconds one step spent in all-reduces, averaged over ranks (0 on one device)."""
-    if ranks == 1:
-        return 0.0
-    return sum(timings[f"rank{r}_all_reduce"] for r in range(ranks)) / ranks
 
 
 def peer_latency(peer: Any, vocab_size: int, prompt_tokens: int = 512, decode_tokens: int = 128,

@@ -240,6 +240,7 @@ class Engine:
         for rank in getattr(self.model.runner, "last_timings", ()):  # tensor-parallel runners
             timings[f"rank{rank.rank}_compute"] = rank.compute_s
             timings[f"rank{rank.rank}_all_reduce"] = rank.all_reduce_s
+            timings[f"rank{rank.rank}_forward"] = rank.forward_s
         return StepTrace(
             step=self.step_count,
             seqs=tuple(steps),

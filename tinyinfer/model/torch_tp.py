@@ -28,8 +28,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -204,13 +205,20 @@ def mlp_after_attention(x: Tensor, attn_out: Tensor, norm_w: Tensor, norm_b: Ten
 
 @dataclass(frozen=True)
 class RankTiming:
-    """One rank's share of the last step: seconds computing, in all-reduces, gathering logits."""
+    """One rank's share of the last step: seconds computing, in all-reduces, gathering logits.
+
+    ``forward_s`` is the forward pass alone, all-reduces included, as the device saw it (on a
+    GPU from its first kernel to its last, by CUDA events): next to the step's wall time it
+    shows how long the device waited for the host, and ``forward_s - all_reduce_s`` across
+    ranks shows whether one rank's kernels are slower than the others'.
+    """
 
     rank: int
     compute_s: float
     all_reduce_s: float
     gather_s: float
     num_all_reduces: int
+    forward_s: float = 0.0
 
 
 class _CommClock:
@@ -237,25 +245,31 @@ class _CommClock:
         captured, self.captured = self.captured, _no_spans()
         return captured
 
-    def run(self, kind: str, collective: Any, *args: Any, **kwargs: Any) -> None:
+    @contextmanager
+    def span(self, kind: str) -> Iterator[None]:
+        """Time what runs inside (or only count it, when disabled)."""
         capturing = self.cuda and torch.cuda.is_current_stream_capturing()
         spans = (self.captured if capturing else self.spans)[kind]
         if not self.enabled:
-            collective(*args, **kwargs)
+            yield
             spans.append(None)
         elif self.cuda:
             start, end = (torch.cuda.Event(enable_timing=True, external=capturing) for _ in range(2))
             start.record()
-            collective(*args, **kwargs)
+            yield
             end.record()
             spans.append((start, end))
         else:
             t0 = time.perf_counter()
-            collective(*args, **kwargs)
+            yield
             spans.append(time.perf_counter() - t0)
 
+    def run(self, kind: str, collective: Any, *args: Any, **kwargs: Any) -> None:
+        with self.span(kind):
+            collective(*args, **kwargs)
+
     def seconds(self, kind: str) -> float:
-        """Total time of one kind of collective; call after the step's results reached the host."""
+        """Total time of one kind of span; call after the step's results reached the host."""
         if not self.enabled:
             return 0.0
         if self.cuda:
@@ -264,7 +278,7 @@ class _CommClock:
 
 
 def _no_spans() -> dict[str, list[Any]]:
-    return {"all_reduce": [], "gather": []}
+    return {"all_reduce": [], "gather": [], "forward": []}
 
 
 class ShardRunner(TorchRunner):
@@ -322,6 +336,10 @@ class ShardRunner(TorchRunner):
 
     def _forward_step(self, step: _Step, kv: TorchKVCache) -> Tensor:
         """Embed, run every layer with its two all-reduces; -> float32 logits of this vocab slice [R, Vs]."""
+        with self.clock.span("forward"):
+            return self._layers(step, kv)
+
+    def _layers(self, step: _Step, kv: TorchKVCache) -> Tensor:
         attention_input, mlp_rest, final_logits = self._eager if step.prefills else self._decode_fns
         w = self.w
         x = self._embed(step.token_ids)  # [T, D]
@@ -354,7 +372,7 @@ class ShardRunner(TorchRunner):
         total = time.perf_counter() - t0
         reduce_s, gather_s = self.clock.seconds("all_reduce"), self.clock.seconds("gather")
         timing = RankTiming(self.rank, max(0.0, total - reduce_s - gather_s), reduce_s, gather_s,
-                            len(self.clock.spans["all_reduce"]))
+                            len(self.clock.spans["all_reduce"]), self.clock.seconds("forward"))
         return result, timing
 
     def _gather(self, local: Tensor) -> list[Tensor] | None:

@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from tinyinfer.simulate import (
     weight_memory_table,
 )
 from tinyinfer.simulate import Simulation
+from tinyinfer.simulate_presets import H200_LINK_MEASUREMENTS
 from tinyinfer.simulate_quantity import Quantity, derive, evaluate, format_value, given
 
 GB = 1e9
@@ -141,13 +143,45 @@ def test_tensor_parallel_adds_communication():
     two = sim("llama-2-13b", "h100", num_gpus=2)
     assert two.weight_memory.value == one.weight_memory.value
     assert one.tpot.inputs["comm_time"].value == 0
-    comm = two.tpot.inputs["comm_time"].value
-    assert comm == pytest.approx(2 * 40 * (8e-6 + 2 * 1 / 2 * 1 * 5120 * 2 / 450e9))
+    comm = two.tpot.inputs["comm_time"]
+    # The H100 link is the datasheet's: one fixed latency, no hop latency measured.
+    assert comm.value == pytest.approx((2 * 40 + 1) * (8e-6 + 2 * 1 / 2 * 1 * 5120 * 2 / 450e9))
     assert two.tpot.value < one.tpot.value  # twice the bandwidth outweighs 80 all-reduces here
     with pytest.raises(SimulationError, match="divide"):
         sim("gpt2", "h100", num_gpus=8)
     with pytest.raises(SimulationError, match="at most 1"):
         sim("llama-2-7b", "m2-max", num_gpus=2)
+
+
+def test_comm_makes_two_all_reduces_a_layer_and_one_for_the_embedding():
+    s = sim("llama-2-70b", "h200", num_gpus=4, prompt_tokens=512, output_tokens=128)
+    comm = s.tpot.inputs["comm_time"]
+    assert comm.inputs["all_reduces"].formula == "2 * layers + 1"
+    assert comm.inputs["all_reduces"].value == 161
+    wire = comm.inputs["wire_time"]
+    h200 = HARDWARE["h200"]
+    latency = h200.link_latency + 2 * 3 * h200.link_hop_latency
+    assert wire.value == pytest.approx(latency + 2 * 3 / 4 * 8192 * 2 / h200.link_bandwidth)
+    assert comm.value == pytest.approx(161 * wire.value)  # an ideal engine adds nothing to the wire
+
+
+def test_engine_terms_of_tensor_parallelism_show_in_the_formulas(capsys):
+    e = Efficiency(all_reduce_wait=0.5e-6, collective_overhead=30e-6)
+    s = sim("llama-3-8b", "h200", num_gpus=2, efficiency=e)
+    comm, host = s.tpot.inputs["comm_time"], s.tpot.inputs["host_time"]
+    wire = comm.inputs["wire_time"].value
+    assert comm.value == pytest.approx(65 * (wire + 0.5e-6 * 65))
+    assert host.value == pytest.approx(65 * 30e-6)
+    assert "all_reduces × collective_overhead" in host.explain()
+    one = sim("llama-3-8b", "h200", efficiency=e)
+    assert one.tpot.inputs["host_time"].value == 0  # one device: no all-reduces, nothing to pay
+    out = run_cli(["--model", "llama-3-8b", "--hardware", "h200", "--gpus", "4", "--all-reduce-wait-us", "0.5",
+                   "--collective-overhead-us", "30", "--explain", "tpot"], capsys)
+    assert "all_reduces × (wire_time + engine_wait)" in out and "all_reduce_wait × all_reduces" in out
+    assert "link_latency + 2 × (gpus - 1) × link_hop_latency" in out
+    assert "tp_gpu_check_2026-11-26-h200x4.json" in out  # where the H200 link constants come from
+    with pytest.raises(SimulationError, match="overheads"):
+        sim("llama-3-8b", "h200", num_gpus=2, efficiency=Efficiency(all_reduce_wait=-1e-6))
 
 
 def test_memory_fit_notes_and_max_concurrency():
@@ -373,3 +407,73 @@ def test_calibration_on_real_cpu_measurements(cpu_measurements):
     assert [c.fitted for c in rows[-2:]] == [False, False]
     report = cal.calibration_report(cal.Calibration(micro, hardware, fitted, rows))
     assert "--bandwidth-efficiency" in report and "held out" in report
+
+
+# ---------------------------------------------------------------- tensor-parallel calibration (recorded)
+
+RECORDED_TP = Path(__file__).resolve().parents[1] / H200_LINK_MEASUREMENTS
+
+
+def test_tp_calibration_rows_load_from_the_json():
+    from tinyinfer.simulate_calibrate_tp import load_recorded
+
+    rec = load_recorded(RECORDED_TP)
+    assert rec.device == "4 x NVIDIA H200" and rec.date == "2026-11-26"
+    assert sorted({(p.gpus, p.nbytes) for p in rec.sweep}) == [
+        (g, n) for g in (2, 4) for n in (2 << 10, 8 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20,
+                                          16 << 20, 64 << 20)]
+    assert [(r.label, r.fit) for r in rec.runs] == [
+        ("llama-3-8b TP=1", True), ("llama-3-8b TP=2", True), ("llama-3-8b TP=4", True),
+        ("llama-2-70b TP=4", False)]  # only the 8B also ran on one GPU: the 70B is held out
+    raw = json.loads(RECORDED_TP.read_text())
+    eight = rec.runs[1]
+    assert eight.tpot == raw["llama3_8b_tp2"]["tpot_p50_ms"] / 1e3
+    assert eight.comm == raw["llama3_8b_tp2"]["all_reduce_ms"] / 1e3
+    assert (eight.precision, eight.prompt_tokens, eight.output_tokens) == ("bf16", 512, 128)
+
+
+def test_h200_link_constants_are_the_fit_and_reproduce_the_sweep():
+    """Within 15% for messages up to 256 KiB (decode) and from 16 MiB; 1-4 MiB, where NCCL changes
+    protocol, run up to 35% slower than one latency and one bandwidth say."""
+    from tinyinfer.simulate_calibrate_tp import fit_link, load_recorded, predict_all_reduce
+
+    rec = load_recorded(RECORDED_TP)
+    h200 = HARDWARE["h200"]
+    fitted = fit_link(h200, rec)
+    for name in ("link_latency", "link_hop_latency", "link_bandwidth"):
+        assert getattr(h200, name) == pytest.approx(getattr(fitted, name), rel=5e-3)  # rounded to 3 digits
+    smallest = {p.gpus: p.seconds for p in rec.sweep if p.nbytes == 2 << 10}
+    for gpus in (2, 4):  # the latency grows with the ring: 2 (gpus - 1) hops
+        assert predict_all_reduce(h200, gpus, 2 << 10) == pytest.approx(smallest[gpus], rel=0.01)
+    for p in rec.sweep:
+        error = predict_all_reduce(h200, p.gpus, p.nbytes) / p.seconds - 1
+        assert abs(error) < (0.15 if p.nbytes <= 256 << 10 or p.nbytes >= 16 << 20 else 0.35), p
+
+
+def test_tp_calibration_fits_this_engine_and_predicts_the_held_out_70b(capsys):
+    from tinyinfer.simulate_calibrate_tp import calibrate_recorded
+
+    cal = calibrate_recorded(RECORDED_TP)
+    e = cal.efficiency
+    assert 0.7 < e.bandwidth < 0.9 and e.step_overhead > 0
+    assert e.all_reduce_wait > 0 and e.collective_overhead > 0
+    assert [(c.run.label, c.metric) for c in cal.comparisons] == [
+        ("llama-3-8b TP=1", "TPOT"), ("llama-3-8b TP=2", "TPOT"), ("llama-3-8b TP=2", "comm"),
+        ("llama-3-8b TP=4", "TPOT"), ("llama-3-8b TP=4", "comm"), ("llama-2-70b TP=4", "TPOT"),
+        ("llama-2-70b TP=4", "comm")]
+    for c in cal.comparisons:
+        assert abs(c.error) < 0.10, c  # the held-out 70B included
+        if c.run.gpus > 1:  # the wire alone misses most of this engine's tensor-parallel cost
+            assert c.wire_only < 0.5 * c.measured
+    out = run_cli(["--calibrate", str(RECORDED_TP)], capsys)
+    assert "--all-reduce-wait-us" in out and "held out" in out and "64 MiB" in out
+
+
+def test_tp_calibration_says_what_is_wrong_with_a_bad_file(tmp_path):
+    from tinyinfer.simulate_calibrate_tp import load_recorded
+
+    with pytest.raises(SimulationError, match="tp_gpu_check.py"):
+        load_recorded(tmp_path / "missing.json")
+    (tmp_path / "one.json").write_text(json.dumps({"device": "NVIDIA H200", "gpus": 1}))
+    with pytest.raises(SimulationError, match="TP=1"):
+        load_recorded(tmp_path / "one.json")

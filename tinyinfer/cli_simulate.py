@@ -53,6 +53,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="host cost per prompt in a prefill step (0)")
     p.add_argument("--sample-ns", type=float, default=0.0,
                    help="host sampling cost per vocabulary entry per sequence, in ns (0: sampled on the GPU)")
+    p.add_argument("--all-reduce-wait-us", type=float, default=0.0,
+                   help="what each all-reduce adds beyond the wire, per all-reduce of the step, in µs "
+                        "(0: an ideal engine)")
+    p.add_argument("--collective-overhead-us", type=float, default=0.0,
+                   help="time a sharded step spends per all-reduce outside it, in µs (0)")
     p.add_argument("--group-size", type=int, default=128, help="int4 weights per scale (default: 128)")
     p.add_argument("--explain", action="append", default=[], metavar="NAME",
                    help="show how a number was derived, e.g. tpot or kv_per_sequence ('all': every row)")
@@ -63,8 +68,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--tui", action="store_true",
                    help="turn the knobs in a terminal UI (starts from these flags)")
     p.add_argument("--json", action="store_true", help="print every number with its derivation as JSON")
-    p.add_argument("--calibrate", action="store_true",
-                   help="measure this device and the engine on it, fit efficiencies, compare")
+    p.add_argument("--calibrate", nargs="?", const="", default=None, metavar="RECORDED_JSON",
+                   help="measure this device and the engine on it, fit efficiencies, compare; with a "
+                        "JSON file of scripts/tp_gpu_check.py, fit the link and the engine's "
+                        "tensor-parallel terms to those recorded runs instead (no device needed)")
     p.add_argument("--device", default=None, help="torch device for --calibrate (default: cuda if any)")
     return p
 
@@ -75,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
         print(presets_table())
         return 0
     if args.calibrate:
+        from tinyinfer.simulate_calibrate_tp import calibrate_recorded, tensor_parallel_report
+
+        print(tensor_parallel_report(calibrate_recorded(args.calibrate)))
+        return 0
+    if args.calibrate is not None:
         from tinyinfer.simulate_calibrate import calibrate, calibration_report
 
         result = calibrate(args.device, progress=lambda m: print(m, file=sys.stderr))
@@ -115,7 +127,8 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
             raise SimulationError(f"--context {args.context} leaves no prompt after --output "
                                   f"{args.output}: raise the context or lower the output")
     efficiency = Efficiency(args.compute_efficiency, args.attention_efficiency, args.bandwidth_efficiency,
-                            args.step_overhead_ms / 1e3, args.prefill_seq_overhead_ms / 1e3, args.sample_ns / 1e9)
+                            args.step_overhead_ms / 1e3, args.prefill_seq_overhead_ms / 1e3, args.sample_ns / 1e9,
+                            args.all_reduce_wait_us / 1e6, args.collective_overhead_us / 1e6)
     return Scenario.of(args.model, args.hardware, weight_precision=args.weights, kv_precision=args.kv,
                        batch=args.batch, prompt_tokens=prompt, output_tokens=args.output,
                        num_gpus=args.gpus, spec_k=args.spec_k, spec_acceptance=args.acceptance,

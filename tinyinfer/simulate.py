@@ -51,8 +51,10 @@ ASSUMPTIONS = (
     "is the average over the answer, prompt + output / 2.",
     "MoE routing is uniform and independent: a batch of B tokens touches "
     "E × (1 − (1 − k/E)^B) experts per layer.",
-    "Tensor parallelism splits weights, KV and FLOPs evenly and adds two ring all-reduces of "
-    "the activations per layer, not overlapped with compute.",
+    "Tensor parallelism splits weights, KV and FLOPs evenly and adds 2 × layers + 1 ring "
+    "all-reduces of the activations per pass (the embedding's, two a layer), not overlapped with "
+    "compute; an all-reduce costs the wire (link latency and bandwidth) plus what the engine adds, "
+    "0 unless calibrated.",
     "A batch arrives together: its prompts are prefilled, then it decodes in lockstep (no queueing).",
     "Memory for KV is memory × memory_utilization − weights (the rest: activations, workspace).",
 )
@@ -105,7 +107,8 @@ class Scenario:
         if not 0 < self.utilization <= 1 or not 0 < self.memory_utilization <= 1:
             raise SimulationError("utilization and memory utilization must be within (0, 1]")
         e = self.efficiency
-        overheads = (e.step_overhead, e.prefill_seq_overhead, e.sample_cost)
+        overheads = (e.step_overhead, e.prefill_seq_overhead, e.sample_cost, e.all_reduce_wait,
+                     e.collective_overhead)
         if not (0 < min(e.compute, e.attention, e.bandwidth) and max(e.compute, e.attention, e.bandwidth) <= 1.5
                 and min(overheads) >= 0):
             raise SimulationError("efficiencies must be positive (about 0.3-1.0) and overheads >= 0")

@@ -5,6 +5,8 @@ matter) and go through ``config_from_dict`` like any checkpoint, so the simulato
 engine read a model's shape the same way. Hardware numbers are vendor datasheet figures:
 dense (no 2:4 sparsity) peak FLOP/s, memory bandwidth and capacity in decimal units. Prices
 are typical on-demand cloud rates (or an amortised purchase) and are meant to be edited.
+Links between devices are datasheet bandwidths with a typical latency, except where a preset's
+``link_source`` names the measurement its link constants were fitted to.
 """
 
 from __future__ import annotations
@@ -129,10 +131,12 @@ class Hardware:
     memory_bandwidth: float  # bytes/s
     memory_bytes: float
     price_per_hour: float  # $ per device-hour
-    link_bandwidth: float = 0.0  # bytes/s one way between devices (0: cannot shard)
-    link_latency: float = 0.0  # seconds per all-reduce, independent of size
+    link_bandwidth: float = 0.0  # bytes/s an all-reduce moves per device, one way (0: cannot shard)
+    link_latency: float = 0.0  # seconds per all-reduce, independent of size and device count
+    link_hop_latency: float = 0.0  # seconds each of a ring all-reduce's 2 (devices - 1) steps adds
     max_devices: int = 1
     source: str = ""
+    link_source: str = "datasheet bandwidth, typical latency: not measured"
 
     def peak(self, precision: str) -> float:
         """Peak FLOP/s for a compute precision (fp8 falls back to 16-bit where unsupported)."""
@@ -141,16 +145,21 @@ class Hardware:
         return self.peak_flops[precision]
 
 
+H200_LINK_MEASUREMENTS = "docs/tp_gpu_check_2026-11-26-h200x4.json"
+
 HARDWARE: dict[str, Hardware] = {
     hw.name: hw for hw in (
         Hardware("h100-sxm", "NVIDIA H100 SXM 80GB",
                  {"fp32": 67e12, "bf16": 989e12, "fp8": 1979e12}, 3.35e12, 80e9, 3.00,
                  link_bandwidth=450e9, link_latency=8e-6, max_devices=8,
                  source="NVIDIA H100 datasheet (SXM); NVLink 4 900 GB/s both ways"),
+        # Link: fit_link on the 2 KiB and 64 MiB all-reduces of the sweep; hop = (16.54 − 11.22 µs)
+        # ÷ (2·3 − 2·1), latency = 11.22 µs − 2·1 × hop, bandwidth = (263.4 + 305.1 GB/s) ÷ 2.
         Hardware("h200", "NVIDIA H200 SXM 141GB",
                  {"fp32": 67e12, "bf16": 989e12, "fp8": 1979e12}, 4.8e12, 141e9, 3.80,
-                 link_bandwidth=450e9, link_latency=8e-6, max_devices=8,
-                 source="NVIDIA H200 datasheet (SXM)"),
+                 link_bandwidth=284e9, link_latency=8.56e-6, link_hop_latency=1.33e-6, max_devices=8,
+                 source="NVIDIA H200 datasheet (SXM)",
+                 link_source=f"fitted to {H200_LINK_MEASUREMENTS} (NCCL in CUDA graphs, TP=2 and 4)"),
         Hardware("a100-80gb", "NVIDIA A100 SXM 80GB",
                  {"fp32": 19.5e12, "bf16": 312e12}, 2.039e12, 80e9, 1.80,
                  link_bandwidth=300e9, link_latency=10e-6, max_devices=8,

@@ -2,8 +2,10 @@
 
 A pass has two parts, each its own kernel(s) with its own roofline: the linear layers
 (FLOPs against weight bytes) and attention (FLOPs against KV-cache bytes). Each takes the
-slower of compute and memory; the parts add up, plus tensor-parallel all-reduces and a
-fixed per-step overhead. Every time is a ``Quantity`` that shows its formula.
+slower of compute and memory; the parts add up, plus tensor-parallel all-reduces and the
+engine's host overheads. An all-reduce costs what the link takes ("the wire": hardware
+constants) plus what the engine adds around it ("this engine": fitted by calibration, 0 for an
+ideal engine). Every time is a ``Quantity`` that shows its formula.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ class Efficiency:
     step_overhead: float = 0.0  # seconds per step outside the roofline (launches, Python)
     prefill_seq_overhead: float = 0.0  # seconds per prompt in a prefill step (per-sequence work)
     sample_cost: float = 0.0  # seconds per vocabulary entry of each sampled row (host sampling)
+    all_reduce_wait: float = 0.0  # seconds each all-reduce adds beyond the wire, per all-reduce of the step
+    collective_overhead: float = 0.0  # seconds per all-reduce of a sharded step outside the all-reduces
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ class Rates:
     efficiency: Efficiency
     gpus: Quantity
     link_bandwidth: Quantity
-    link_latency: Quantity
+    all_reduce_latency: Quantity
     act_bytes: Quantity
 
 
@@ -54,10 +58,15 @@ def rates(hw: Hardware, e: Efficiency, num_gpus: int, compute_precision: str) ->
     bandwidth = derive("effective_bandwidth", "B/s", "bandwidth * gpus * bandwidth_efficiency",
                        bandwidth=given("bandwidth", hw.memory_bandwidth, "B/s", note=hw.title),
                        gpus=gpus, bandwidth_efficiency=given("bandwidth_efficiency", e.bandwidth, "%"))
+    latency = derive("all_reduce_latency", "s", "link_latency + 2 * (gpus - 1) * link_hop_latency",
+                     note="a ring all-reduce: a fixed cost, then 2 (gpus - 1) steps of one hop each",
+                     link_latency=given("link_latency", hw.link_latency, "s", note=hw.link_source),
+                     gpus=gpus, link_hop_latency=given("link_hop_latency", hw.link_hop_latency, "s",
+                                                       note=hw.link_source))
     return Rates(flops, attention, bandwidth, e, gpus,
-                 given("link_bandwidth", hw.link_bandwidth, "B/s", note="one way, per device"),
-                 given("link_latency", hw.link_latency, "s", note="per all-reduce"),
-                 given("activation_bytes", 4 if compute_precision == "fp32" else 2, "B"))
+                 given("link_bandwidth", hw.link_bandwidth, "B/s",
+                       note=f"all-reduce bus bandwidth per device, one way; {hw.link_source}"),
+                 latency, given("activation_bytes", 4 if compute_precision == "fp32" else 2, "B"))
 
 
 @dataclass(frozen=True)
@@ -85,36 +94,68 @@ def pass_time(label: str, w: Work, config: ModelConfig, r: Rates) -> tuple[Quant
                         bytes=nbytes, effective_bandwidth=r.bandwidth)
         parts[part] = derive(f"{label}_{part}_time", "s", "max(compute_time, memory_time)",
                              compute_time=compute, memory_time=memory)
-    if r.gpus.value > 1:
-        comm = derive(f"{label}_comm_time", "s",
-                      "2 * layers * (link_latency + 2 * (gpus - 1) / gpus * tokens * hidden * "
-                      "activation_bytes / link_bandwidth)",
-                      note="two ring all-reduces per layer", layers=config.num_layers,
-                      link_latency=r.link_latency, gpus=r.gpus, tokens=w.tokens,
-                      hidden=config.hidden_size, activation_bytes=r.act_bytes,
-                      link_bandwidth=r.link_bandwidth)
-    else:
-        comm = given(f"{label}_comm_time", 0, "s", note="one device: no communication")
+    all_reduces = all_reduce_count(config) if r.gpus.value > 1 else None
     time = derive(f"{label}_time", "s", "linear_time + attention_time + comm_time + host_time",
-                  linear_time=parts["linear"], attention_time=parts["attention"], comm_time=comm,
-                  host_time=_host_time(label, w, config, r.efficiency))
+                  linear_time=parts["linear"], attention_time=parts["attention"],
+                  comm_time=_comm_time(label, w, config, r, all_reduces),
+                  host_time=_host_time(label, w, config, r.efficiency, all_reduces))
     linear = parts["linear"].inputs
     memory, compute = linear["memory_time"].value, linear["compute_time"].value  # type: ignore[union-attr]
     return time, "memory" if memory >= compute else "compute"
 
 
-def _host_time(label: str, w: Work, config: ModelConfig, e: Efficiency) -> Quantity:
-    """Time outside the GPU math: a fixed cost per step, per prompt of a prefill, and sampling
-    every sequence's next token on the host (a pass over its vocabulary)."""
+def all_reduce_count(config: ModelConfig) -> Quantity:
+    """All-reduces in one tensor-parallel forward pass."""
+    return derive("all_reduces", "all-reduces", "2 * layers + 1",
+                  note="the embedding's, then each layer's attention output and MLP output",
+                  layers=config.num_layers)
+
+
+def _comm_time(label: str, w: Work, config: ModelConfig, r: Rates,
+               all_reduces: Quantity | None) -> Quantity:
+    """Time in all-reduces of [tokens, hidden] activations: the wire, plus this engine's wait."""
+    if all_reduces is None:
+        return given(f"{label}_comm_time", 0, "s", note="one device: no communication")
+    message = derive("all_reduce_bytes", "B", "tokens * hidden * activation_bytes", note="[tokens, hidden]",
+                     tokens=w.tokens, hidden=config.hidden_size, activation_bytes=r.act_bytes)
+    wait = derive(f"{label}_engine_wait", "s", "all_reduce_wait * all_reduces",
+                  note="this engine: what one all-reduce adds beyond the wire; 0 for an ideal engine",
+                  all_reduce_wait=given("all_reduce_wait", r.efficiency.all_reduce_wait, "s",
+                                        note="for each all-reduce of the step; fitted by calibration"),
+                  all_reduces=all_reduces)
+    return derive(f"{label}_comm_time", "s", "all_reduces * (wire_time + engine_wait)",
+                  note="not overlapped with compute", all_reduces=all_reduces,
+                  wire_time=wire_time(label, r, message), engine_wait=wait)
+
+
+def wire_time(label: str, r: Rates, message: Quantity) -> Quantity:
+    """One ring all-reduce of `message` bytes on the link: the wire, whatever the engine around it."""
+    return derive(f"{label}_wire_time", "s",
+                  "all_reduce_latency + 2 * (gpus - 1) / gpus * message / link_bandwidth",
+                  note="the wire: each device sends and receives 2 (gpus - 1) / gpus of the message",
+                  all_reduce_latency=r.all_reduce_latency, gpus=r.gpus, message=message,
+                  link_bandwidth=r.link_bandwidth)
+
+
+def _host_time(label: str, w: Work, config: ModelConfig, e: Efficiency,
+               all_reduces: Quantity | None) -> Quantity:
+    """Time outside the GPU math: a fixed cost per step, per prompt of a prefill, sampling every
+    sequence's next token on the host (a pass over its vocabulary) and, sharded, a cost per
+    all-reduce outside the all-reduces themselves."""
     seq_overhead = e.prefill_seq_overhead if w.kind == "prefill" else 0.0
-    if not (e.step_overhead or seq_overhead or e.sample_cost):
+    per_collective = e.collective_overhead if all_reduces is not None else 0.0
+    if not (e.step_overhead or seq_overhead or e.sample_cost or per_collective):
         return given(f"{label}_host_time", 0, "s", note="an ideal engine: no host overhead")
-    return derive(f"{label}_host_time", "s",
-                  "step_overhead + sequences * seq_overhead + sequences * vocab * sample_cost",
-                  note="fitted by calibration", step_overhead=given("step_overhead", e.step_overhead, "s"),
-                  sequences=w.sequences, seq_overhead=given("prefill_seq_overhead", seq_overhead, "s"),
-                  vocab=config.vocab_size, sample_cost=given("sample_cost", e.sample_cost, "s",
-                                                             note="per vocabulary entry"))
+    formula = "step_overhead + sequences * seq_overhead + sequences * vocab * sample_cost"
+    inputs: dict[str, Quantity | int] = dict(
+        step_overhead=given("step_overhead", e.step_overhead, "s"), sequences=w.sequences,
+        seq_overhead=given("prefill_seq_overhead", seq_overhead, "s"), vocab=config.vocab_size,
+        sample_cost=given("sample_cost", e.sample_cost, "s", note="per vocabulary entry"))
+    if all_reduces is not None:
+        formula += " + all_reduces * collective_overhead"
+        inputs.update(all_reduces=all_reduces, collective_overhead=given(
+            "collective_overhead", e.collective_overhead, "s", note="per all-reduce, outside it"))
+    return derive(f"{label}_host_time", "s", formula, note="fitted by calibration", **inputs)
 
 
 def weights_read(p: ParameterCounts, tokens: Quantity, wbytes: Quantity, kept: Quantity) -> Quantity:

@@ -1,0 +1,281 @@
+"""Tensor-parallel calibration from recorded runs: the link's constants and this engine's own cost.
+
+``scripts/tp_gpu_check.py`` records, on a machine with several GPUs, one NCCL all-reduce by
+message size (TP=2 and TP=4, replayed from a CUDA graph) and batch-1 decode through the engine
+(one model at TP=1, 2 and 4, a bigger one sharded only), with the time each decode step spent in
+all-reduces. This module reads that JSON — it runs nothing — and fits, with formulas the
+simulator then shows:
+
+1. the wire (hardware): ``all_reduce_latency = link_latency + 2 (gpus - 1) link_hop_latency``
+   through each device count's smallest message, and ``link_bandwidth`` = the mean NCCL bus
+   bandwidth of the largest message;
+2. this engine, on the model that also ran on one GPU: ``bandwidth_efficiency`` = recorded copy
+   bandwidth ÷ datasheet; ``step_overhead`` = its TP=1 TPOT − its roofline; then by least
+   squares over its sharded runs ``all_reduce_wait`` (all-reduce time per step − the wire =
+   all_reduce_wait × all_reduces²) and ``collective_overhead`` (the rest of the step beyond the
+   one-GPU terms = collective_overhead × all_reduces).
+
+Runs of the other models are held out: predicted with the fitted constants, not used to fit them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from tinyinfer.simulate import Efficiency, Scenario, Simulation, simulate
+from tinyinfer.simulate_calibrate import DEVICE_PRESETS, nnls
+from tinyinfer.simulate_presets import HARDWARE, Hardware, ModelSpec, SimulationError, model_preset
+from tinyinfer.simulate_quantity import Quantity, format_value, given
+from tinyinfer.simulate_steps import rates, wire_time
+
+PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+@dataclass(frozen=True)
+class AllReduceTime:
+    """One bf16 all-reduce of `nbytes` over `gpus` devices, replayed from a CUDA graph."""
+
+    gpus: int
+    nbytes: int
+    seconds: float
+
+    @property
+    def bus_bandwidth(self) -> float:
+        """NCCL's bus bandwidth: the 2 (gpus - 1) / gpus × nbytes a ring moves per device, per second."""
+        return 2 * (self.gpus - 1) / self.gpus * self.nbytes / self.seconds
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    """Batch-1 decode of one model shape at one tensor-parallel size, through the engine."""
+
+    model: ModelSpec
+    gpus: int
+    precision: str
+    prompt_tokens: int
+    output_tokens: int
+    tpot: float  # seconds, median over the decode steps
+    comm: float  # seconds per step in all-reduces, mean over ranks (waiting for the slowest included)
+    copy_bandwidth: float  # bytes/s of a copy on one of its GPUs, measured before the run
+    fit: bool = True
+
+    @property
+    def label(self) -> str:
+        return f"{self.model.name} TP={self.gpus}"
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What one tp_gpu_check.py JSON holds that the simulator can be compared with."""
+
+    path: str
+    device: str
+    date: str
+    sweep: tuple[AllReduceTime, ...]
+    runs: tuple[DecodeRun, ...]
+
+
+@dataclass(frozen=True)
+class TPComparison:
+    """Predicted vs measured TPOT or all-reduce time per step for one run."""
+
+    run: DecodeRun
+    metric: str  # "TPOT" or "comm"
+    wire_only: float  # an engine that adds nothing to the wire: only the one-GPU terms fitted
+    predicted: float  # with this engine's all-reduce wait and per-collective overhead
+    measured: float
+
+    @property
+    def error(self) -> float:
+        """Relative error of the calibrated prediction: +0.10 means 10% too slow."""
+        return self.predicted / self.measured - 1
+
+
+@dataclass(frozen=True)
+class TPCalibration:
+    """The recorded runs, the hardware with its fitted link, this engine's fit, the comparisons."""
+
+    recorded: Recorded
+    hardware: Hardware
+    efficiency: Efficiency
+    sweep: tuple[tuple[AllReduceTime, float], ...]  # each measured all-reduce, with the wire's prediction
+    comparisons: tuple[TPComparison, ...]
+
+
+def load_recorded(path: str | Path) -> Recorded:
+    """The all-reduce sweeps and the CUDA-graph decode runs of a tp_gpu_check.py JSON file.
+
+    Runs that failed or ran without CUDA graphs (a different engine) are left out; runs of a
+    model that also ran on one GPU are marked for fitting, the others held out.
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        sweep = tuple(AllReduceTime(int(key.removeprefix("all_reduce_tp")), int(row["bytes"]),
+                                    row["graph_us"] * 1e-6)
+                      for key, rows in data.items() if re.fullmatch(r"all_reduce_tp\d+", key)
+                      and isinstance(rows, list) for row in rows)
+        runs = [_decode_run(value) for value in data.values()
+                if isinstance(value, dict) and "tpot_p50_ms" in value and value["runner"].get("cuda_graphs")]
+        device = f"{data['gpus']} x {data['device']}"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SimulationError(f"cannot read recorded tensor-parallel runs from {path} ({exc!r}): give the "
+                              "JSON file scripts/tp_gpu_check.py writes") from None
+    on_one_gpu = {r.model.name for r in runs if r.gpus == 1}
+    if not sweep or not on_one_gpu:
+        raise SimulationError(f"{path} needs an all_reduce_tp* sweep and a decode run at TP=1: "
+                              "record them with scripts/tp_gpu_check.py")
+    runs = sorted((dataclasses.replace(r, fit=r.model.name in on_one_gpu) for r in runs),
+                  key=lambda r: (not r.fit, r.model.name, r.gpus))
+    return Recorded(str(path), device, str(data.get("date", "undated")), sweep, tuple(runs))
+
+
+def _decode_run(value: dict) -> DecodeRun:
+    return DecodeRun(model_preset(value["label"].split(" / ")[0]), int(value["tensor_parallel"]),
+                     PRECISIONS[value["runner"]["dtype"]], int(value["prompt_tokens"]),
+                     int(value["decode_tokens"]), value["tpot_p50_ms"] / 1e3, value["all_reduce_ms"] / 1e3,
+                     value["bandwidth"])
+
+
+def hardware_named(device: str) -> Hardware:
+    """The hardware preset a recorded device name (e.g. '4 x NVIDIA H200') stands for."""
+    for marker, preset in DEVICE_PRESETS.items():
+        if re.search(rf"\b{marker}\b", device):
+            return HARDWARE[preset]
+    raise SimulationError(f"no hardware preset for {device!r}: calibrate on one of {', '.join(DEVICE_PRESETS)}")
+
+
+def fit_link(hardware: Hardware, recorded: Recorded) -> Hardware:
+    """The hardware with its link constants fitted to the all-reduce sweep.
+
+    Latency: least squares of ``link_latency + 2 (gpus - 1) link_hop_latency`` through each
+    device count's smallest message (exact for two counts; one count gives no hop latency).
+    Bandwidth: the mean over device counts of the largest message's bus bandwidth.
+    """
+    counts = sorted({p.gpus for p in recorded.sweep})
+    smallest = [min((p for p in recorded.sweep if p.gpus == g), key=lambda p: p.nbytes) for g in counts]
+    largest = [max((p for p in recorded.sweep if p.gpus == g), key=lambda p: p.nbytes) for g in counts]
+    latency, hop = nnls([[1, 2 * (g - 1)] for g in counts], [p.seconds for p in smallest])
+    return dataclasses.replace(hardware, link_latency=latency, link_hop_latency=hop,
+                               link_bandwidth=statistics.mean(p.bus_bandwidth for p in largest),
+                               link_source=f"fitted to {recorded.path}")
+
+
+def predict_all_reduce(hardware: Hardware, gpus: int, nbytes: int) -> float:
+    """The simulator's wire time for one all-reduce of `nbytes` over `gpus` devices."""
+    r = rates(hardware, Efficiency(), gpus, "bf16")
+    return wire_time("sweep", r, given("message", nbytes, "B")).value
+
+
+def _scenario(run: DecodeRun, hardware: Hardware, efficiency: Efficiency) -> Scenario:
+    return Scenario(run.model, hardware, weight_precision=run.precision, kv_precision=run.precision,
+                    prompt_tokens=run.prompt_tokens, output_tokens=run.output_tokens, num_gpus=run.gpus,
+                    efficiency=efficiency)
+
+
+def _comm(sim: Simulation) -> Quantity:
+    return sim.tpot.inputs["comm_time"]  # type: ignore[return-value]
+
+
+def _all_reduces_and_wire(sim: Simulation) -> tuple[float, float]:
+    """A sharded decode step's all-reduce count and the wire time of one of them."""
+    comm = _comm(sim).inputs
+    return comm["all_reduces"].value, comm["wire_time"].value  # type: ignore[union-attr]
+
+
+def fit_engine(hardware: Hardware, runs: tuple[DecodeRun, ...]) -> Efficiency:
+    """This engine's efficiency and overheads from the runs marked for fitting (see the module doc)."""
+    base = Efficiency(bandwidth=statistics.mean(r.copy_bandwidth for r in runs) / hardware.memory_bandwidth)
+    fitted = [r for r in runs if r.fit]
+    one_gpu = [r for r in fitted if r.gpus == 1]
+    (step,) = nnls([[1]] * len(one_gpu), [r.tpot - simulate(_scenario(r, hardware, base)).tpot.value
+                                          for r in one_gpu])
+    base = dataclasses.replace(base, step_overhead=step)
+    sharded = [(r, simulate(_scenario(r, hardware, base))) for r in fitted if r.gpus > 1]
+    if not sharded:
+        return base
+    shape = [_all_reduces_and_wire(s) for _, s in sharded]
+    (wait,) = nnls([[n * n] for n, _ in shape], [r.comm - n * wire for (r, _), (n, wire) in zip(sharded, shape)])
+    (outside,) = nnls([[n] for n, _ in shape],
+                      [r.tpot - r.comm - (s.tpot.value - _comm(s).value) for r, s in sharded])
+    return dataclasses.replace(base, all_reduce_wait=wait, collective_overhead=outside)
+
+
+def compare_runs(hardware: Hardware, efficiency: Efficiency,
+                 runs: tuple[DecodeRun, ...]) -> tuple[TPComparison, ...]:
+    """Each run's TPOT (and, sharded, all-reduce time per step): wire only, calibrated, measured."""
+    ideal = dataclasses.replace(efficiency, all_reduce_wait=0.0, collective_overhead=0.0)
+    rows = []
+    for run in runs:
+        wire, engine = (simulate(_scenario(run, hardware, e)) for e in (ideal, efficiency))
+        rows.append(TPComparison(run, "TPOT", wire.tpot.value, engine.tpot.value, run.tpot))
+        if run.gpus > 1:
+            rows.append(TPComparison(run, "comm", _comm(wire).value, _comm(engine).value, run.comm))
+    return tuple(rows)
+
+
+def calibrate_recorded(path: str | Path) -> TPCalibration:
+    """Fit the link and this engine's tensor-parallel terms to a recorded run; compare every run."""
+    recorded = load_recorded(path)
+    hardware = fit_link(hardware_named(recorded.device), recorded)
+    efficiency = fit_engine(hardware, recorded.runs)
+    sweep = tuple((p, predict_all_reduce(hardware, p.gpus, p.nbytes)) for p in recorded.sweep)
+    return TPCalibration(recorded, hardware, efficiency, sweep, compare_runs(hardware, efficiency, recorded.runs))
+
+
+def _binary_size(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def _sweep_lines(sweep: tuple[tuple[AllReduceTime, float], ...]) -> list[str]:
+    """Measured vs predicted all-reduce time, one line per message size, one column group per device count."""
+    counts = sorted({p.gpus for p, _ in sweep})
+    by_key = {(p.gpus, p.nbytes): (p, predicted) for p, predicted in sweep}
+    lines = [f"{'message':<10}" + "".join(f"{f'TP={g} measured':>16}{'wire':>10}{'error':>7}" for g in counts)]
+    for nbytes in sorted({p.nbytes for p, _ in sweep}):
+        cells = []
+        for g in counts:
+            p, predicted = by_key[(g, nbytes)]
+            cells.append(f"{format_value(p.seconds, 's'):>16}{format_value(predicted, 's'):>10}"
+                         f"{100 * (predicted / p.seconds - 1):>+6.0f}%")
+        lines.append(f"{_binary_size(nbytes):<10}" + "".join(cells))
+    return lines
+
+
+def _preset_link_note(hw: Hardware) -> str:
+    """Whether `simulate --hardware NAME` uses this fit, or its preset still holds other link constants."""
+    preset = HARDWARE[hw.name]
+    fields = ("link_latency", "link_hop_latency", "link_bandwidth")
+    if all(math.isclose(getattr(preset, f), getattr(hw, f), rel_tol=0.01) for f in fields):
+        return f"the {hw.name} preset holds this fit"
+    return f"the {hw.name} preset's link differs ({preset.link_source}): update it with these constants"
+
+
+def tensor_parallel_report(cal: TPCalibration) -> str:
+    """The tensor-parallel calibration as text: the link fit, the engine fit, predicted vs measured."""
+    hw, e = cal.hardware, cal.efficiency
+    lines = [
+        f"recorded     {cal.recorded.device}, {cal.recorded.date} ({cal.recorded.path})",
+        f"wire         all_reduce_latency = {format_value(hw.link_latency, 's')} + 2 × (gpus − 1) × "
+        f"{format_value(hw.link_hop_latency, 's')}; link_bandwidth = {format_value(hw.link_bandwidth, 'B/s')} "
+        f"(mean bus bandwidth of the largest message); {_preset_link_note(hw)}",
+        *_sweep_lines(cal.sweep),
+        f"this engine  bandwidth efficiency {e.bandwidth:.3f} (copy ÷ datasheet), step overhead "
+        f"{format_value(e.step_overhead, 's')} (TP=1), all-reduce wait {1e6 * e.all_reduce_wait:.3f} µs × "
+        f"all-reduces of the step, {format_value(e.collective_overhead, 's')} per all-reduce outside it",
+        f"simulate with: --hardware {hw.name} --bandwidth-efficiency {e.bandwidth:.3f} --step-overhead-ms "
+        f"{1e3 * e.step_overhead:.3f} --all-reduce-wait-us {1e6 * e.all_reduce_wait:.3f} "
+        f"--collective-overhead-us {1e6 * e.collective_overhead:.1f}",
+        "",
+        f"{'run':<20}{'metric':<8}{'wire only':>11}{'this engine':>13}{'measured':>11}{'error':>8}  fit",
+    ]
+    for c in cal.comparisons:
+        lines.append(f"{c.run.label:<20}{c.metric:<8}{format_value(c.wire_only, 's'):>11}"
+                     f"{format_value(c.predicted, 's'):>13}{format_value(c.measured, 's'):>11}"
+                     f"{100 * c.error:>+7.0f}%  {'yes' if c.run.fit else 'held out'}")
+    return "\n".join(lines)

@@ -109,6 +109,17 @@ def test_free_returns_pages_and_empties_the_pool():
 # ---- prefix caching ---------------------------------------------------------------------
 
 
+def test_commit_of_a_prefix_by_length_equals_commit_of_a_copy():
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    pools = [PagePool(num_pages=4, block_size=4) for _ in range(2)]
+    for pool in pools:
+        pool.add_sequence(1, tokens[:3])
+        pool.ensure_capacity(1, 9)
+    assert pools[0].commit(1, tokens, 6) == pools[1].commit(1, tokens[:6]) == [0]
+    assert pools[0].commit(1, tokens, 9) == pools[1].commit(1, tokens) == [1]
+    assert pools[0].snapshot() == pools[1].snapshot()
+
+
 def test_commit_registers_only_full_pages():
     pool = PagePool(num_pages=4, block_size=4)
     pool.add_sequence(1, [1, 2, 3])

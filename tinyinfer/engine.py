@@ -330,7 +330,7 @@ class Engine:
         seq = chunk.seq
         base = self._base_step(chunk)
         seq.num_computed = chunk.end
-        self.pool.commit(seq.seq_id, seq.all_ids[:chunk.end])
+        self.pool.commit(seq.seq_id, seq.all_ids, chunk.end)
         if not chunk.samples:
             return SeqStep(**base), []
         choice = choose()
@@ -365,7 +365,7 @@ class Engine:
             # K/V is valid for the last token and the accepted guesses; the rest is rolled back.
             seq.num_computed = chunk.end + result.accepted
             self.pool.truncate(seq.seq_id, seq.num_computed)
-            self.pool.commit(seq.seq_id, seq.all_ids[:seq.num_computed])
+            self.pool.commit(seq.seq_id, seq.all_ids, seq.num_computed)
             self.drafter.rollback(seq)
             pages = []
         choice = result.choices[len(emitted) - 1]
@@ -377,7 +377,7 @@ class Engine:
     def _accept(self, seq: Sequence, choice: TokenChoice) -> tuple[str, str | None]:
         """Append a sampled token to the output; return its text and a finish reason, if any."""
         request = self._requests[seq.request_id]
-        seq.output_ids.append(choice.token_id)
+        seq.append(choice.token_id)
         request.choices.append(choice)
         if request.metrics.first_token is None:
             request.metrics.first_token = time.perf_counter()

@@ -126,10 +126,14 @@ class PagePool:
         seq.table.extend(new)
         return new
 
-    def commit(self, seq_id: int, token_ids: Sequence[int]) -> list[int]:
-        """Record that KV for all of token_ids is written; returns pages newly registered for prefix reuse."""
+    def commit(self, seq_id: int, token_ids: Sequence[int], length: int | None = None) -> list[int]:
+        """Record that KV for the first ``length`` of token_ids (default: all) is written.
+
+        Returns pages newly registered for prefix reuse. Passing the whole token list with a
+        length spares the caller a copy of a long sequence on every step.
+        """
         seq = self._seq(seq_id)
-        n = len(token_ids)
+        n = len(token_ids) if length is None else length
         if n < seq.num_tokens:
             raise TinyInferError(
                 f"commit of {n} tokens would shrink sequence {seq_id} from {seq.num_tokens}; use truncate to roll back"

@@ -36,10 +36,20 @@ class Sequence:
     num_computed: int = 0  # tokens whose K/V are in the cache
     finish_reason: str | None = None
     num_preemptions: int = 0
+    _all_ids: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self._all_ids = self.prompt_ids + self.output_ids
 
     @property
     def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+        """Prompt then output, kept as one list (read it, slice it; never modify it)."""
+        return self._all_ids
+
+    def append(self, token_id: int) -> None:
+        """Add a generated token to the output."""
+        self.output_ids.append(token_id)
+        self._all_ids.append(token_id)
 
     @property
     def num_tokens(self) -> int:

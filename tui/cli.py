@@ -6,11 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from tinyinfer.errors import TinyInferError
+
 from tui.scenarios import SCENARIOS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the `tui` command to a subparsers group and return its parser."""
+    from tinyinfer.cli import positive_int  # here, not at the top: tinyinfer.cli imports this module
+
     scenarios = "; ".join(f"{s.name}: {s.title}" for s in SCENARIOS.values())
     parser = subparsers.add_parser(
         "tui", help="step through a real inference run in the terminal (guided walkthrough)",
@@ -20,9 +24,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help=f"classroom demo to run ({scenarios}); default: single")
     parser.add_argument("--model", default="bundled",
                         help="'bundled' or a Hugging Face model folder (default: bundled)")
-    parser.add_argument("--runner", choices=("numpy", "torch"), default="numpy",
-                        help="numpy = reference (records attention), torch = fast path (default: numpy)")
-    parser.add_argument("--device", default=None, help="torch device, e.g. cuda (torch runner)")
+    parser.add_argument("--runner", choices=("numpy", "torch"), default=None,
+                        help="numpy = reference (records attention), torch = fast path "
+                             "(default: numpy; torch with --tensor-parallel)")
+    parser.add_argument("--device", default=None,
+                        help="torch device, e.g. cuda (torch runner; with --tensor-parallel: cpu "
+                             "unless given)")
+    parser.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
+                        help="split the model over N processes and show which rank owns which "
+                             "heads and pages (torch runner; default: 1)")
     parser.add_argument("--speculative", action="store_true",
                         help="start with speculative decoding on (d switches it inside)")
     parser.add_argument("--draft-model", default=None,
@@ -47,17 +57,30 @@ def run(args: argparse.Namespace) -> int:
     """Start the TUI with parsed arguments; returns the exit status."""
     from tui.app import TinyInferApp
     from tui.options import Options
+    from tui.session import load_model
 
     if args.replay is not None and not args.replay.is_file():
         print(f"tinyinfer tui: error: no trace file {args.replay}: record one with --record FILE",
               file=sys.stderr)
         return 2
-    options = Options(model=args.model, runner=args.runner, device=args.device,
-                      scenario=args.scenario, speculative=args.speculative,
-                      draft_model=args.draft_model, num_draft=args.num_draft, quantize=args.quantize,
+    runner = args.runner or ("torch" if args.tensor_parallel > 1 else "numpy")
+    options = Options(model=args.model, runner=runner, device=args.device,
+                      tensor_parallel=args.tensor_parallel, scenario=args.scenario,
+                      speculative=args.speculative, draft_model=args.draft_model,
+                      num_draft=args.num_draft, quantize=args.quantize,
                       replay=args.replay, record=args.record,
                       seed=args.seed, walkthrough=not args.free, show_timings=not args.no_timings)
-    TinyInferApp(options).run()
+    options.check()
+    model = None
+    if options.tensor_parallel > 1:  # worker processes cannot be started once Textual runs
+        print(f"tinyinfer tui: starting {options.tensor_parallel} processes for {options.model} …",
+              file=sys.stderr)
+        model = load_model(options)
+    try:
+        TinyInferApp(options, model).run()
+    finally:  # run() has returned, so no engine step is in flight
+        if model is not None:
+            model.runner.close()
     return 0
 
 
@@ -65,4 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m tui`: the same options as `tinyinfer tui`."""
     parser = argparse.ArgumentParser(prog="python -m")  # so the command reads `python -m tui`
     tui_parser = add_parser(parser.add_subparsers())
-    return run(tui_parser.parse_args(argv))
+    try:
+        return run(tui_parser.parse_args(argv))
+    except TinyInferError as exc:
+        print(f"python -m tui: error: {exc}", file=sys.stderr)
+        return 2

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tinyinfer.errors import TinyInferError
+
+from tui.scenarios import SCENARIOS
+
 
 @dataclass(frozen=True)
 class Options:
@@ -13,6 +17,7 @@ class Options:
     model: str = "bundled"
     runner: str = "numpy"
     device: str | None = None
+    tensor_parallel: int = 1  # processes the model is split over (torch runner)
     scenario: str = "single"
     speculative: bool = False  # start with speculative decoding on (the speculative scenario does)
     draft_model: str | None = None  # None: bundled-draft for the bundled model, else prompt lookup
@@ -24,3 +29,18 @@ class Options:
     walkthrough: bool = True  # narration on; False is free mode
     show_timings: bool = True  # off for deterministic screenshots
     run_interval: float = 0.25  # seconds between steps while running
+
+    def check(self) -> None:
+        """Refuse settings that do not combine, before anything loads."""
+        if self.tensor_parallel == 1:
+            return
+        if self.replay is not None:
+            raise TinyInferError("--replay shows a recorded run without loading a model: drop "
+                                 "--tensor-parallel (a recorded tensor-parallel run shows its "
+                                 "ranks anyway)")
+        if self.runner != "torch":
+            raise TinyInferError("--tensor-parallel runs the torch runner on every rank: drop "
+                                 f"--runner {self.runner}")
+        if self.quantize is not None or SCENARIOS[self.scenario].quantize is not None:
+            raise TinyInferError("tensor parallelism splits float weights only: drop --quantize and "
+                                 "the quantization scenario, or run them without --tensor-parallel")

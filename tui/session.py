@@ -122,6 +122,10 @@ class Session:
         """Reload the model with weights in `precision` ("fp32", "int8", "int4", ...) and start
         the same requests again on a fresh engine (slow: call from a worker)."""
         assert self.engine is not None and self.scenario is not None
+        if self.tensor_parallel > 1:
+            raise TinyInferError(f"the weights are split over {self.tensor_parallel} processes, and "
+                                 "tensor parallelism splits float weights only: run without "
+                                 "--tensor-parallel to switch precision")
         model = reload(self.engine.model, precision, device)
         scenario = dataclasses.replace(self.scenario, quantize=precision, intro=intro)
         return Session.live(model, scenario, self._seed, self.record, self.speculation)
@@ -131,6 +135,12 @@ class Session:
     @property
     def frame(self) -> Frame:
         return self.frames[self.cursor]
+
+    @property
+    def tensor_parallel(self) -> int:
+        """How many processes the model is split over, as the traces say (1: not split)."""
+        pool = self.frames[-1].pool
+        return len(pool.ranks) if pool is not None and pool.ranks else 1
 
     @property
     def is_live(self) -> bool:
@@ -256,6 +266,19 @@ def reload(model: tinyinfer.Model, precision: str, device: str | None = None) ->
                           quantize=None if precision == "fp32" else precision)
 
 
+def load_model(options: Options, quantize: str | None = None) -> tinyinfer.Model:
+    """The model the options name. With --tensor-parallel it is split over worker processes (on
+    the CPU unless a device is given): load it before a Textual app runs, whose stand-in for
+    sys.stderr has no file descriptor for multiprocessing to pass on, and close its runner after."""
+    if options.tensor_parallel > 1:
+        from tinyinfer.tp_launch import load_tensor_parallel  # torch: only when asked for
+
+        return load_tensor_parallel(options.model, tensor_parallel=options.tensor_parallel,
+                                    device=options.device or "cpu")
+    return tinyinfer.load(options.model, runner=options.runner, device=options.device,
+                          quantize=quantize)
+
+
 def speculation_for(options: Options, model: tinyinfer.Model, on: bool) -> Speculation:
     """The drafter a run can switch on: a draft model if there is one, else prompt lookup."""
     draft = options.draft_model
@@ -270,6 +293,7 @@ def speculation_for(options: Options, model: tinyinfer.Model, on: bool) -> Specu
 
 def open_session(options: Options, model: tinyinfer.Model | None = None) -> Session:
     """Read a replay, or load the model (unless given) and start the scenario (slow: worker)."""
+    options.check()
     if options.replay is not None:
         return Session.replay(options.replay)
     scenario = SCENARIOS[options.scenario]
@@ -277,8 +301,7 @@ def open_session(options: Options, model: tinyinfer.Model | None = None) -> Sess
         scenario = dataclasses.replace(scenario, quantize=options.quantize)
     wanted = scenario.quantize
     if model is None:
-        model = tinyinfer.load(options.model, runner=options.runner, device=options.device,
-                               quantize=None if wanted in (None, "fp32") else wanted)
+        model = load_model(options, None if wanted in (None, "fp32") else wanted)
     elif wanted is not None and normalized(wanted) != precision_of(model):
         model = reload(model, wanted, options.device)
     if not model.has_tokenizer:

@@ -8,13 +8,14 @@ from tui.panels.metrics import MetricsPanel
 from tui.panels.next_token import NextTokenPanel
 from tui.panels.pages import PagesPanel
 from tui.panels.quantization import QuantizationPanel
+from tui.panels.ranks import RanksPanel
 from tui.panels.speculative import SpeculativePanel
 from tui.panels.timeline import TimelinePanel
 from tui.panels.tokens import TokensPanel
 
 PANELS: tuple[type[Panel], ...] = (
     TokensPanel, PagesPanel, NextTokenPanel, AttentionPanel, MetricsPanel, SpeculativePanel,
-    QuantizationPanel, TimelinePanel,
+    QuantizationPanel, TimelinePanel, RanksPanel,
 )
 
 __all__ = ["PANELS", "Panel"]

@@ -66,7 +66,8 @@ class PagesPanel(Panel):
         out = Text.assemble((f"{pool.used}/{pool.num_pages} used", "bold"),
                             f" · {pool.cached} cached · {pool.block_size} tok/page")
         per_row = max(1, self.content_size.width // CELL)
-        room = max(1, self.content_size.height - 3) * per_row
+        words = 4 if pool.ranks else 3  # lines around the grid: counts, events, legend, ranks
+        room = max(1, self.content_size.height - words) * per_row
         for page in range(min(pool.num_pages, room)):
             if page % per_row == 0:
                 out.append("\n")
@@ -75,4 +76,6 @@ class PagesPanel(Panel):
             out.append(f" +{pool.num_pages - room}", "dim")
         out.append("\n" + (events(trace) if trace else frame.note), "italic")
         out.append("\nN seq  ×n shared  ○ cached  · free", "dim")
+        if pool.ranks:
+            out.append(f"\npages split by KV head over {len(pool.ranks)} ranks", "dim")
         return out

@@ -29,7 +29,9 @@ class LoadingScreen(Screen):
     def what(self) -> str:
         if self.options.replay is not None:
             return f"Reading the recorded trace {self.options.replay}"
-        return f"Loading model {self.options.model!r} with the {self.options.runner} runner"
+        split = (f", split over {self.options.tensor_parallel} processes"
+                 if self.options.tensor_parallel > 1 else "")
+        return f"Loading model {self.options.model!r} with the {self.options.runner} runner{split}"
 
     def compose(self) -> ComposeResult:
         yield Static(self.what() + " …", id="loading-text")

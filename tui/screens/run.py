@@ -55,7 +55,8 @@ def features(session: Session) -> frozenset[str]:
     """Engine features a run uses, so their panels appear (a replay: what its trace shows)."""
     drafted = any(p.draft_tokens for t in session.frames[-1].traces for p in t.seqs)
     return frozenset(({"speculative"} if session.source.drafter or drafted else set())
-                     | ({"quantization"} if session.source.precision else set()))
+                     | ({"quantization"} if session.source.precision else set())
+                     | ({"tensor-parallel"} if session.tensor_parallel > 1 else set()))
 
 
 def sampling_for(session: Session) -> SamplingParams:
@@ -179,8 +180,9 @@ class RunScreen(Screen):
         source = session.source
         speculative = f" · drafts: {self.drafter}" if self.drafter else ""
         precision = f" · {source.precision}" if source.precision else ""
+        split = f" · {session.tensor_parallel} ranks" if session.tensor_parallel > 1 else ""
         self.status_text = (f"step {frame.steps_done} · frame {session.cursor + 1}/{len(session.frames)}"
-                            f" {where} │ {source.model} · {source.runner}{precision} · "
+                            f" {where} │ {source.model} · {source.runner}{split}{precision} · "
                             f"{source.scenario}{speculative}")
 
     def watch_narration(self, narration: Narration | None) -> None:

@@ -228,7 +228,7 @@ def profile(model: Any, out: Path, steps: int = 20) -> tuple[dict, Any]:
     tp = int(getattr(model.runner, "tensor_parallel", 1))
     (out / f"profile_tp{tp}.txt").write_text(events.table(sort_by="self_device_time_total", row_limit=40))
     return {"wall_ms_per_step": 1e3 * wall, "gpu_kernel_ms_per_step": gpu, "nccl_kernel_ms_per_step": nccl,
-            "gpu_idle_ms_per_step": 1e3 * wall - gpu, "timings_of_last_step": engine.step().timings}, model
+            "gpu_idle_ms_per_step": 1e3 * wall - gpu, "timings_of_last_step": {**(last := engine.step()).timings, **last.rank_timings}}, model
 
 
 def stages(out: Path) -> dict[str, Callable[[], tuple[Any, Any]]]:

@@ -196,7 +196,7 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
             t = time.perf_counter()
             trace = engine.step()
             step_times.append(time.perf_counter() - t)
-            step_ranks.append({k: v for k, v in trace.timings.items() if k.startswith("rank")})
+            step_ranks.append(trace.rank_timings)
         if run:  # the first run warms up compilation, graphs and caches
             ttfts.append(step_times[0])
             tpots += step_times[1:]

@@ -237,10 +237,11 @@ class Engine:
         timings = {"schedule": t1 - t0, "forward": t3 - t2, "sample": t4 - t3}
         if self.drafter is not None:
             timings["draft"] = t2 - t1
-        for rank in getattr(self.model.runner, "last_timings", ()):  # tensor-parallel runners
-            timings[f"rank{rank.rank}_compute"] = rank.compute_s
-            timings[f"rank{rank.rank}_all_reduce"] = rank.all_reduce_s
-            timings[f"rank{rank.rank}_forward"] = rank.forward_s
+        rank_timings = {}
+        for rank in getattr(self.model.runner, "last_timings", ()) if out.chunks else ():  # TP runners
+            rank_timings[f"rank{rank.rank}_compute"] = rank.compute_s
+            rank_timings[f"rank{rank.rank}_all_reduce"] = rank.all_reduce_s
+            rank_timings[f"rank{rank.rank}_forward"] = rank.forward_s
         return StepTrace(
             step=self.step_count,
             seqs=tuple(steps),
@@ -255,6 +256,7 @@ class Engine:
             num_waiting=len(self.scheduler.waiting),
             pool=self.pool_view() if self.detail != "none" else None,
             timings=timings,
+            rank_timings=rank_timings,
         )
 
     def _greedy_only(self, chunks: list[Chunk]) -> bool:

@@ -93,7 +93,10 @@ class StepTrace:
     num_running: int = 0
     num_waiting: int = 0
     pool: PoolView | None = None
-    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage; they add up to the step
+    # tensor parallelism: each rank's share of "forward", keyed rank{r}_compute / _all_reduce /
+    # _forward (seconds; empty on one process or when no forward pass ran)
+    rank_timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def prefill_tokens(self) -> int:

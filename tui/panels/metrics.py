@@ -17,7 +17,7 @@ from tui.panels.base import Panel
 
 def stage_timings(trace: StepTrace) -> dict[str, float]:
     """Seconds per stage of a step; per-rank times (tensor parallel) split `forward`, so not here."""
-    return {k: v for k, v in trace.timings.items() if not k.startswith("rank")}
+    return trace.timings
 
 
 def step_seconds(trace: StepTrace) -> float:

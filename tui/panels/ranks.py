@@ -34,7 +34,7 @@ def rank_cells(pool: PoolView, rank: RankShare, trace: StepTrace | None,
     cells = [str(rank.rank), span(rank.heads), span(rank.kv_heads), page, span(rank.mlp_units),
              span(rank.vocab_rows)]
     if show_timings:
-        timings = trace.timings if trace is not None else {}
+        timings = trace.rank_timings if trace is not None else {}
         compute = timings.get(f"rank{rank.rank}_compute")
         reduce = timings.get(f"rank{rank.rank}_all_reduce")
         cells += [ms(compute), ms(reduce), split_bar(compute, reduce)]

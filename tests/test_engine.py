@@ -141,7 +141,8 @@ def test_trace_round_trips_through_json(model):
 def test_full_detail_records_top_logits_and_reference_attention(model):
     engine = tinyinfer.Engine(model, detail="full")
     engine.add_request([3, 1, 4, 1, 5], GREEDY)
-    prefill, decode = engine.step(), engine.step()
+    engine.step()  # prefill
+    decode = engine.step()
     (seq,) = decode.seqs
     assert len(seq.top_logits) == 64 and seq.top_logits[0][0] == seq.token_id
     if model.runner.name == "numpy":

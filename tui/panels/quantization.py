@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.reactive import reactive
 
 from tinyinfer.loading import Model
-from tinyinfer.quant import (Histogram, LayerError, QuantConfig, error_histograms, layer_errors,
+from tinyinfer.quant import (Histogram, LayerError, error_histograms, layer_errors,
                              quantize_weights, read_quant_config)
 from tinyinfer.weights import load_weights
 

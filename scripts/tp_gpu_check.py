@@ -12,7 +12,7 @@ every decoded token (decode steps replay CUDA graphs with NCCL inside); the same
 all_reduce_tp2 / _tp4: the cost of one NCCL all-reduce by message size, eager and replayed
 from a CUDA graph: the simulator's link latency and bandwidth.
 
-llama3_8b_tp1 / _tp2 / _tp4 (/ _tp4_no_graphs, _tp2_untimed), llama2_70b_tp4: batch-1 decode
+llama3_8b_tp1 / _tp2 / _tp4 (/ _tp4_no_graphs, _tp2_untimed, _tp2_no_mixing), llama2_70b_tp4: batch-1 decode
 through ``bench_shapes.bench_latency`` (prompt 512, 128 tokens), the 70B shape at TP=4 only.
 
 profile_8b_tp1 / _tp2: torch.profiler over 20 decode steps on rank 0 — GPU kernel time, NCCL
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import tempfile
@@ -231,6 +232,12 @@ def profile(model: Any, out: Path, steps: int = 20) -> tuple[dict, Any]:
             "gpu_idle_ms_per_step": 1e3 * wall - gpu, "timings_of_last_step": {**(last := engine.step()).timings, **last.rank_timings}}, model
 
 
+def with_env(name: str, value: str, make: Callable[[], Any]) -> Any:
+    """Build a model with one environment variable set (spawned workers inherit it)."""
+    os.environ[name] = value
+    return make()
+
+
 def stages(out: Path) -> dict[str, Callable[[], tuple[Any, Any]]]:
     eight, _ = bs.shape_config("llama-3-8b", 2048)
     table: dict[str, Callable[[], tuple[Any, Any]]] = {
@@ -241,6 +248,11 @@ def stages(out: Path) -> dict[str, Callable[[], tuple[Any, Any]]]:
         "llama2_70b_tp4": lambda: latency(bs.shape_tensor_parallel("llama-2-70b", 4, "cuda", "bfloat16")),
         "llama3_8b_tp2_untimed": lambda: latency(load_tensor_parallel_random(
             eight, 2, device="cuda", dtype="bfloat16", name="llama-3-8b", time_collectives=False)),
+        # NCCL's support for graph-captured collectives mixed with eager ones (the logits gather)
+        # adds synchronisation to each captured collective; the steps here never overlap, so it
+        # can be off (set before the workers spawn: they inherit the environment).
+        "llama3_8b_tp2_no_mixing": lambda: latency(with_env(
+            "NCCL_GRAPH_MIXING_SUPPORT", "0", lambda: bs.shape_tensor_parallel("llama-3-8b", 2, "cuda", "bfloat16"))),
         "profile_8b_tp1": lambda: profile(bs.shape_models("llama-3-8b", "cuda", "bfloat16")[0], out),
         "profile_8b_tp2": lambda: profile(bs.shape_tensor_parallel("llama-3-8b", 2, "cuda", "bfloat16"), out),
     }

@@ -454,7 +454,7 @@ def test_stop_holdback(text, stops, expected):
 @pytest.mark.parametrize("logprobs", [None, 0, 3])
 def test_greedy_shortcuts_equal_the_full_pipeline(logprobs):
     """The engine's greedy fast paths (full row, or top-k from the device) report the same choice."""
-    from tinyinfer.sampling import greedy_choice, greedy_choice_from_top, is_plain_greedy
+    from tinyinfer.sampling import greedy_choice, greedy_choices_from_top, is_plain_greedy
 
     rng = np.random.default_rng(5)
     logits = rng.normal(size=500).astype(np.float32) * 4
@@ -468,7 +468,10 @@ def test_greedy_shortcuts_equal_the_full_pipeline(logprobs):
     assert [v for _, v in quick.top_logprobs] == pytest.approx([v for _, v in full.top_logprobs])
     order = np.argsort(-logits)[:20]
     lse = float(np.log(np.exp(logits.astype(np.float64) - logits.max()).sum()) + logits.max())
-    from_top = greedy_choice_from_top(order, logits[order], lse, params)
+    from_top, second = greedy_choices_from_top(np.stack([order, order[::-1]]),
+                                               np.stack([logits[order], logits[order][::-1]]),
+                                               np.array([lse, lse]), [params, params])
+    assert second.token_id == order[-1]  # each row reports its own first id
     assert from_top.token_id == full.token_id and from_top.top == full.top
     assert from_top.logprob == pytest.approx(full.logprob, rel=1e-6)
     assert [t for t, _ in from_top.top_logprobs] == [t for t, _ in full.top_logprobs]

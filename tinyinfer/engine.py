@@ -26,7 +26,7 @@ from tinyinfer.sampling import (
     TokenChoice,
     find_stop,
     greedy_choice,
-    greedy_choice_from_top,
+    greedy_choices_from_top,
     is_plain_greedy,
     sample_next,
     stop_holdback,
@@ -270,12 +270,10 @@ class Engine:
         batch, _ = self._pack(chunks, {})
         top = self.model.runner.forward_top(batch, self.kv_cache, TOP_FOR_GREEDY)
         t3 = time.perf_counter()
+        choices = greedy_choices_from_top(top.ids, top.values, top.logsumexp, [c.seq.params for c in chunks])
         steps, freed = [], []
-        for row, chunk in enumerate(chunks):
-            def choose(seq: Sequence = chunk.seq, row: int = row) -> TokenChoice:
-                return greedy_choice_from_top(top.ids[row], top.values[row],
-                                              float(top.logsumexp[row]), seq.params)
-            seq_step, pages = self._advance(chunk, choose)
+        for chunk, choice in zip(chunks, choices):
+            seq_step, pages = self._advance(chunk, lambda choice=choice: choice)
             steps.append(seq_step)
             freed += pages
         return steps, freed, t3

@@ -338,15 +338,19 @@ def is_plain_greedy(params: SamplingParams, num_output: int, k: int) -> bool:
             and (params.logprobs or 0) <= k)
 
 
-def greedy_choice_from_top(ids: np.ndarray, values: np.ndarray, logsumexp: float,
-                           params: SamplingParams) -> TokenChoice:
-    """The greedy token from one row's top-k logits [k] (largest first) and its log-sum-exp."""
-    token = int(ids[0])
-    n = params.logprobs or 0
-    return TokenChoice(
-        token_id=token, logprob=float(values[0] - logsumexp), top=((token, 1.0),),
-        top_logprobs=tuple((int(i), float(v - logsumexp)) for i, v in zip(ids[:n], values[:n])),
-    )
+def greedy_choices_from_top(ids: np.ndarray, values: np.ndarray, logsumexp: np.ndarray,
+                            params: Sequence[SamplingParams]) -> list[TokenChoice]:
+    """Each row's greedy token from its top-k logits ([R, k] ids and values, largest first) and
+    log-sum-exp [R]: one NumPy pass for all rows, then plain Python numbers per row."""
+    logprobs = values - np.asarray(logsumexp, dtype=values.dtype)[:, None]  # [R, k]
+    first_ids, first_logprobs = ids[:, 0].tolist(), logprobs[:, 0].tolist()
+    choices = []
+    for row, p in enumerate(params):
+        n = p.logprobs or 0
+        top_logprobs = tuple(zip(ids[row, :n].tolist(), logprobs[row, :n].tolist())) if n else ()
+        token = first_ids[row]
+        choices.append(TokenChoice(token, first_logprobs[row], ((token, 1.0),), top_logprobs))
+    return choices
 
 
 def greedy_choice(logits: np.ndarray, params: SamplingParams) -> TokenChoice:
@@ -354,7 +358,8 @@ def greedy_choice(logits: np.ndarray, params: SamplingParams) -> TokenChoice:
     x = _as_logits(logits)  # [V]; rejects NaN like the full pipeline does
     ids = _top_indices(x, max(params.logprobs or 0, 1))
     m = x[ids[0]]
-    return greedy_choice_from_top(ids, x[ids], float(m + np.log(np.exp(x - m).sum())), params)
+    logsumexp = m + np.log(np.exp(x - m).sum())
+    return greedy_choices_from_top(ids[None], x[ids][None], np.array([logsumexp]), [params])[0]
 
 
 def sample_next(

@@ -53,7 +53,7 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self._all_ids)
 
     @property
     def is_prefilling(self) -> bool:

@@ -1,0 +1,62 @@
+"""Benchmark: the engine's own host time per decode step, with the model's math taken out.
+
+At batch 256 a GPU decode step of an 8B model takes ~15–30 ms; everything the engine does on
+the host around it (scheduling, packing the batch, choosing tokens, page bookkeeping, the
+trace) adds to that serially. This measures exactly that part: a runner that returns its
+answers without computing anything, so only engine code is timed.
+
+    python -m pytest tests/test_engine_overhead.py --benchmark-only
+
+Skipped in normal runs (`--benchmark-skip` in pyproject.toml); results in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tinyinfer
+from tinyinfer.config import load_config
+from tinyinfer.loading import BUNDLED, Model
+from tinyinfer.model.runner import Batch, TopLogits
+from tinyinfer.tokenizer import load_tokenizer
+
+
+class InstantRunner:
+    """Answers every step at once: token 0 greedy, all logits zero (no model math)."""
+
+    name = "instant"
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def new_kv_cache(self, num_pages: int, block_size: int) -> None:
+        return None
+
+    def copy_page(self, kv_cache: None, src: int, dst: int) -> None:
+        pass
+
+    def forward(self, batch: Batch, kv_cache: None) -> np.ndarray:
+        return np.zeros((len(batch.logits_rows), self.vocab_size), np.float32)
+
+    def forward_top(self, batch: Batch, kv_cache: None, k: int) -> TopLogits:
+        rows = len(batch.logits_rows)
+        return TopLogits(np.tile(np.arange(k), (rows, 1)), np.zeros((rows, k), np.float32),
+                         np.zeros(rows, np.float32))
+
+
+@pytest.mark.parametrize("batch", [16, 256])
+def test_decode_step_host_time(benchmark, batch):
+    config = load_config(BUNDLED["bundled"])
+    model = Model(config=config, runner=InstantRunner(config.vocab_size),  # type: ignore[arg-type]
+                  path=BUNDLED["bundled"], name="instant", _tokenizer=load_tokenizer(BUNDLED["bundled"]))
+    engine = tinyinfer.Engine(model, max_num_seqs=batch, max_num_batched_tokens=8192,
+                              num_pages=batch * 60, detail="none")
+    rng = np.random.default_rng(0)
+    params = tinyinfer.SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+    for _ in range(batch):
+        engine.add_request(rng.integers(0, config.vocab_size, 500).tolist(), params)
+    while any(s.kind == "prefill" for s in engine.step().seqs):
+        pass
+    trace = benchmark.pedantic(engine.step, rounds=100, warmup_rounds=5)
+    assert len(trace.seqs) == batch and all(s.kind == "decode" for s in trace.seqs)

@@ -38,7 +38,8 @@ def stub_functions(lesson: course.Lesson) -> set[str]:
 def test_there_are_lessons_for_every_stage():
     assert [lesson.slug for lesson in LESSONS] == [
         "tokens", "forward-pass", "prefill-decode", "kv-cache", "sampling", "paged-attention",
-        "continuous-batching", "prefix-caching", "speculative-decoding", "quantization", "cost-capacity"]
+        "continuous-batching", "prefix-caching", "speculative-decoding", "quantization", "cost-capacity",
+        "tensor-parallelism"]
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=IDS)

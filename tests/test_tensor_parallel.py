@@ -358,3 +358,46 @@ def test_untimed_collectives_are_counted_and_change_nothing():
         assert tp.runner.describe()["time_collectives"] is False
     finally:
         tp.runner.close()
+
+
+def test_serve_with_tensor_parallel_answers_as_one_process_and_stops_its_workers():
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tinyinfer.cli", "serve", "--runner", "torch", "--tensor-parallel", "2",
+         "--port", str(port), "--served-model-name", "tp", "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/health").json()["model"] == "tp"
+                break
+            except httpx.ConnectError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+                time.sleep(0.2)
+        workers = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        assert workers  # the rank-1 process (and multiprocessing's helpers)
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120,
+                            json={"model": "tp", "prompt": "ROMEO:", "max_tokens": 12, "temperature": 0})
+        reference = tinyinfer.Engine(tinyinfer.load("bundled", runner="torch", device="cpu")).generate(
+            "ROMEO:", SamplingParams(max_tokens=12, temperature=0))[0]
+        assert answer.json()["choices"][0]["text"] == reference.text
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130
+        assert "Traceback" not in proc.stderr.read()
+        for pid in workers:  # no orphaned rank processes
+            assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    finally:
+        proc.kill()
+        proc.wait()

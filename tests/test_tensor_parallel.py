@@ -401,3 +401,22 @@ def test_serve_with_tensor_parallel_answers_as_one_process_and_stops_its_workers
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_dead_worker_gives_a_clear_error_not_a_hang():
+    import multiprocessing
+    import os
+    import signal
+
+    tp = load_tensor_parallel("bundled", tensor_parallel=2, device="cpu")
+    try:
+        engine = tinyinfer.Engine(tp)
+        engine.add_request([5, 6, 7], SamplingParams(max_tokens=20, temperature=0))
+        engine.step()
+        (worker,) = [p for p in multiprocessing.active_children() if p.name == "tinyinfer-tp-rank1"]
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join(10)
+        with pytest.raises(TinyInferError, match="worker process has stopped"):
+            engine.step()
+    finally:
+        tp.runner.close()

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -39,7 +38,7 @@ import torch.multiprocessing as mp
 
 import tinyinfer
 from tinyinfer import bench_shapes as bs
-from tinyinfer.tp_launch import load_tensor_parallel, load_tensor_parallel_random
+from tinyinfer.tp_launch import free_port, load_tensor_parallel, load_tensor_parallel_random
 
 GREEDY = tinyinfer.SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
 ALL_REDUCE_BYTES = (2 << 10, 8 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
@@ -131,12 +130,6 @@ def gqa(world: int, dtype: str) -> tuple[dict, Any]:
 # ---------------------------------------------------------------- all-reduce sweep
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _all_reduce_rank(rank: int, world: int, port: int, results: Any) -> None:
     """Time one bf16 all-reduce per message size: eager, and replayed from a CUDA graph."""
     torch.cuda.set_device(rank)
@@ -183,7 +176,7 @@ def all_reduce_sweep(world: int) -> tuple[list[dict], None]:
     """Per message size: microseconds per all-reduce and the bus bandwidth 2 (N-1)/N bytes / time."""
     context = mp.get_context("spawn")
     results = context.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [context.Process(target=_all_reduce_rank, args=(r, world, port, results)) for r in range(world)]
     for p in procs:
         p.start()

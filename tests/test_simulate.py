@@ -492,3 +492,19 @@ def test_simulated_weight_memory_equals_the_quantizers_byte_count(preset):
     for sim_name, quant_name in (("fp32", "fp32"), ("bf16", "bf16"), ("int8", "int8"), ("int4", "int4-g128")):
         exact = memory_row(config, quant_name).total_bytes
         assert table[sim_name].value == pytest.approx(exact, rel=5e-4 if sim_name == "int8" else 1e-12), sim_name
+
+
+def test_variant_stages_of_a_recording_stay_out_of_the_calibration(tmp_path):
+    # tp_gpu_check.py's diagnostic stages run a different engine (no event timers, NCCL
+    # options): calibrating on them would bend the fit (an untimed run reports 0 ms of comm).
+    import copy
+
+    from tinyinfer.simulate_calibrate_tp import load_recorded
+
+    data = json.loads(Path(RECORDED_TP).read_text())
+    untimed = copy.deepcopy(data["llama3_8b_tp2"])
+    untimed["all_reduce_ms"], untimed["runner"]["time_collectives"] = 0.0, False
+    data["llama3_8b_tp2_untimed"] = untimed
+    data["llama3_8b_tp2_no_mixing"] = copy.deepcopy(data["llama3_8b_tp2"])
+    (tmp_path / "variants.json").write_text(json.dumps(data))
+    assert load_recorded(tmp_path / "variants.json").runs == load_recorded(RECORDED_TP).runs

@@ -403,20 +403,50 @@ def test_serve_with_tensor_parallel_answers_as_one_process_and_stops_its_workers
         proc.wait()
 
 
-def test_a_dead_worker_gives_a_clear_error_not_a_hang():
+def _kill_rank1() -> None:
     import multiprocessing
     import os
     import signal
+
+    (worker,) = [p for p in multiprocessing.active_children() if p.name == "tinyinfer-tp-rank1"]
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(10)
+
+
+def test_a_dead_worker_gives_a_clear_error_not_a_hang():
+    import time
 
     tp = load_tensor_parallel("bundled", tensor_parallel=2, device="cpu")
     try:
         engine = tinyinfer.Engine(tp)
         engine.add_request([5, 6, 7], SamplingParams(max_tokens=20, temperature=0))
         engine.step()
-        (worker,) = [p for p in multiprocessing.active_children() if p.name == "tinyinfer-tp-rank1"]
-        os.kill(worker.pid, signal.SIGKILL)
-        worker.join(10)
+        _kill_rank1()
         with pytest.raises(TinyInferError, match="worker process has stopped"):
+            engine.step()
+    finally:
+        start = time.monotonic()
+        tp.runner.close()
+        assert time.monotonic() - start < 20  # no wait for the dead worker's shutdown
+
+
+def test_a_worker_dying_mid_step_fails_that_step_cleanly_and_every_later_one():
+    tp = load_tensor_parallel("bundled", tensor_parallel=2, device="cpu")
+    try:
+        engine = tinyinfer.Engine(tp)
+        engine.add_request([5, 6, 7], SamplingParams(max_tokens=20, temperature=0))
+        engine.step()
+        shard_step = tp.runner.shard.run_step
+
+        def dies_after_the_command_went_out(*args, **kwargs):
+            _kill_rank1()  # the command is sent; rank 1 dies before the first all-reduce
+            return shard_step(*args, **kwargs)
+
+        tp.runner.shard.run_step = dies_after_the_command_went_out
+        with pytest.raises(TinyInferError, match="failed part-way"):
+            engine.step()
+        tp.runner.shard.run_step = shard_step
+        with pytest.raises(TinyInferError, match="out of step|has stopped"):
             engine.step()
     finally:
         tp.runner.close()

@@ -14,7 +14,6 @@ from tinyinfer.tp_launch import load_tensor_parallel
 
 from tui.app import TinyInferApp
 from tui.options import Options
-from tui.panels.metrics import step_seconds
 from tui.panels.pages import PagesPanel
 from tui.panels.ranks import RanksPanel
 from tui.scenarios import SCENARIOS
@@ -78,8 +77,9 @@ async def test_panel_shows_each_ranks_heads_pages_and_step_times(tp_model):
         assert "2 ranks" in text and "128.0 KB page" in text and "→ all-reduce →" in text
         assert "split by KV head over 2 ranks" in screen.query_one(PagesPanel).render().plain
         assert "torch · 2 ranks" in screen.status_text
-        # per-rank times split `forward` and live apart: a step's time counts each stage once
-        assert step_seconds(trace) == pytest.approx(sum(trace.timings.values()))
+        # per-rank times split `forward` and live apart, so the metrics count each stage once
+        assert not any(key.startswith("rank") for key in trace.timings)
+        assert max(trace.rank_timings.values()) <= trace.timings["forward"]
 
 
 @pytest.mark.anyio

@@ -56,6 +56,20 @@ def test_tensor_parallel_shard_of_lazy_weights_is_lazy_and_equal(bundled):
             np.testing.assert_array_equal(np.asarray(b[name]), a[name], err_msg=name)
 
 
+def test_padded_vocabulary_shard_of_lazy_weights_stays_bf16(tmp_path):
+    import transformers
+
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=321, n_embd=64, n_layer=1,
+                                                              n_head=4, n_positions=64))
+    hf.to(torch.bfloat16).save_pretrained(tmp_path)  # 321 rows: the second rank's shard is padded
+    config = load_config(tmp_path)
+    eager, lazy = load_weights(tmp_path, config), load_weights(tmp_path, config, lazy=True)
+    for rank in (0, 1):
+        embed = shard_weights(config, lazy, rank, 2)["embed"]
+        assert isinstance(embed, Bf16Array)
+        np.testing.assert_array_equal(np.asarray(embed), shard_weights(config, eager, rank, 2)["embed"])
+
+
 def test_lazy_gpt2_transposed_weights_match_transformers(tmp_path):
     # GPT-2 stores Conv1D weights [in, out]: the lazy path transposes and slices views.
     hf = build_hf_model("gpt2", tmp_path, dtype=torch.bfloat16)

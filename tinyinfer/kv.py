@@ -134,6 +134,8 @@ class PagePool:
         """
         seq = self._seq(seq_id)
         n = len(token_ids) if length is None else length
+        if n > len(token_ids):
+            raise TinyInferError(f"commit of {n} tokens but only {len(token_ids)} token ids were given")
         if n < seq.num_tokens:
             raise TinyInferError(
                 f"commit of {n} tokens would shrink sequence {seq_id} from {seq.num_tokens}; use truncate to roll back"

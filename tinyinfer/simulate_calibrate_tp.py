@@ -111,8 +111,9 @@ class TPCalibration:
 def load_recorded(path: str | Path) -> Recorded:
     """The all-reduce sweeps and the CUDA-graph decode runs of a tp_gpu_check.py JSON file.
 
-    Runs that failed or ran without CUDA graphs (a different engine) are left out; runs of a
-    model that also ran on one GPU are marked for fitting, the others held out.
+    Runs that failed, ran without CUDA graphs or without timing their collectives, or are a
+    variant stage (``llama3_8b_tp2_untimed``, ``..._no_mixing``: a different engine) are left
+    out; runs of a model that also ran on one GPU are marked for fitting, the others held out.
     """
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -120,8 +121,10 @@ def load_recorded(path: str | Path) -> Recorded:
                                     row["graph_us"] * 1e-6)
                       for key, rows in data.items() if re.fullmatch(r"all_reduce_tp\d+", key)
                       and isinstance(rows, list) for row in rows)
-        runs = [_decode_run(value) for value in data.values()
-                if isinstance(value, dict) and "tpot_p50_ms" in value and value["runner"].get("cuda_graphs")]
+        runs = [_decode_run(value) for key, value in data.items()
+                if re.fullmatch(r"\w+_tp\d+", key)  # the default engine, not a variant stage
+                and isinstance(value, dict) and "tpot_p50_ms" in value
+                and value["runner"].get("cuda_graphs") and value["runner"].get("time_collectives", True)]
         device = f"{data['gpus']} x {data['device']}"
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SimulationError(f"cannot read recorded tensor-parallel runs from {path} ({exc!r}): give the "

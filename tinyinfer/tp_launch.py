@@ -104,7 +104,7 @@ def _spec(config: ModelConfig, path: Path | None, world: int, device: str | None
     if dist.is_initialized():
         raise TinyInferError("this process already runs a torch.distributed group (another "
                              "tensor-parallel model?): close() its runner before loading another")
-    return LaunchSpec(path, world, _free_port(), device_type, dtype, dict(options),
+    return LaunchSpec(path, world, free_port(), device_type, dtype, dict(options),
                       random_config=config if path is None else None, seed=seed)
 
 
@@ -124,7 +124,7 @@ def _launch(spec: LaunchSpec, config: ModelConfig, name: str, startup_timeout: f
                  _tokenizer_error=f"{name} has random weights and no tokenizer: pass token ids")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -214,10 +214,13 @@ class _Workers:
     def alive(self) -> bool:
         return all(p.is_alive() for p in self.processes)
 
-    def stop(self) -> None:
-        """Wait briefly for workers to exit, end any that do not, and leave the process group."""
+    def stop(self, timeout: float = 30.0) -> None:
+        """Wait briefly (one deadline for all) for workers to exit, end any that do not, and
+        leave the process group."""
+        deadline = time.monotonic() + timeout
         for process in self.processes:
-            process.join(timeout=30)
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+        for process in self.processes:
             if process.is_alive():
                 process.terminate()
                 process.join(timeout=5)

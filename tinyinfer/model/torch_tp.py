@@ -26,6 +26,7 @@ between its layers.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import time
 from contextlib import contextmanager
@@ -180,7 +181,7 @@ def _pad_rows(value: WeightArray, rows: int) -> WeightArray:
     if missing == 0:
         return value
     if isinstance(value, Bf16Array):
-        value = np.asarray(value)  # only this rank's vocabulary rows are converted
+        return Bf16Array(_pad_rows(value.bits, rows))  # zero bits are +0.0 in bf16
     if isinstance(value, Tensor):
         return torch.cat([value, value.new_zeros((missing, *value.shape[1:]))])
     return np.concatenate([value, np.zeros((missing, *value.shape[1:]), dtype=value.dtype)])
@@ -254,7 +255,10 @@ class _CommClock:
             yield
             spans.append(None)
         elif self.cuda:
-            start, end = (torch.cuda.Event(enable_timing=True, external=capturing) for _ in range(2))
+            # external=: event-record nodes in a captured graph (only passed while capturing,
+            # so eager steps also run on torch releases that lack the argument)
+            start, end = (torch.cuda.Event(enable_timing=True, **({"external": True} if capturing else {}))
+                          for _ in range(2))
             start.record()
             yield
             end.record()
@@ -275,6 +279,11 @@ class _CommClock:
         if self.cuda:
             return sum(s.elapsed_time(e) for s, e in self.spans[kind]) / 1e3
         return float(sum(self.spans[kind]))
+
+
+def _graph_events_supported() -> bool:
+    """Whether this torch can record timing events as nodes of a CUDA graph."""
+    return "external" in inspect.signature(torch.cuda.Event).parameters
 
 
 def _no_spans() -> dict[str, list[Any]]:
@@ -304,6 +313,10 @@ class ShardRunner(TorchRunner):
         self.full_config = config
         self.rank, self.world = rank, world
         self.vocab = VocabShard.of(config.vocab_size, rank, world)
+        if self.cuda_graphs and time_collectives and not _graph_events_supported():
+            raise TinyInferError(f"torch {torch.__version__} cannot time collectives inside CUDA "
+                                 "graphs (torch.cuda.Event has no external=): upgrade torch, or "
+                                 "pass time_collectives=False or cuda_graphs=False")
         self.clock = _CommClock(self.device, time_collectives)
         self._eager = (layers.attention_input, mlp_after_attention, layers.final_logits)
         self._decode_fns = tuple(torch.compile(f) for f in self._eager) if self.compile else self._eager

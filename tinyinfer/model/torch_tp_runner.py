@@ -98,6 +98,7 @@ class TensorParallelRunner:
     _dropped: deque[int] = field(default_factory=deque, repr=False)
     _live: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary, repr=False)
     _closed: bool = False
+    _broken: bool = False  # a step failed part-way: the ranks may be out of step
 
     @property
     def config(self) -> ModelConfig:
@@ -164,29 +165,39 @@ class TensorParallelRunner:
         for handle in list(self._live.values()):
             _release(handle.local)
         try:
-            if self.workers_alive():
-                for conn in self.conns:
+            for conn in self.conns:
+                try:
                     conn.send(Command("shutdown"))
+                except OSError:  # that worker has died: the others still get theirs
+                    pass
         finally:
+            for conn in self.conns:
+                conn.close()
             self.on_close()
 
     # ------------------------------------------------------------------ inside
 
     def _step(self, batch: Batch, kv: TensorParallelKVCache, top_k: int | None) -> Tensor | TopLogits:
         self._send(Command("forward", kv.kv_id, () if top_k is None else (top_k,), batch))
-        with torch.no_grad():
-            result, timing = self.shard.run_step(batch, kv.local, top_k)
         try:
+            with torch.no_grad():
+                result, timing = self.shard.run_step(batch, kv.local, top_k)
             self.last_timings = (timing, *(conn.recv() for conn in self.conns))
-        except EOFError:
-            raise TinyInferError("a tensor-parallel worker process stopped during a step (see its "
-                                 "error above): close() this model and load it again") from None
+        except BaseException as exc:  # the ranks may now disagree on where they are
+            self._broken = True
+            if isinstance(exc, Exception):
+                raise TinyInferError(f"a tensor-parallel step failed part-way ({type(exc).__name__}: "
+                                     f"{exc}); close() this model and load it again") from exc
+            raise
         assert result is not None
         return result
 
     def _send(self, command: Command) -> None:
         if self._closed:
             raise TinyInferError("this tensor-parallel model was closed: load it again")
+        if self._broken:
+            raise TinyInferError("an earlier tensor-parallel step failed part-way, so the ranks "
+                                 "may be out of step: close() this model and load it again")
         if not self.workers_alive():
             raise TinyInferError("a tensor-parallel worker process has stopped (see its error "
                                  "above): close() this model and load it again")

@@ -15,13 +15,8 @@ from tui.frames import Frame, SeqView
 from tui.panels.base import Panel
 
 
-def stage_timings(trace: StepTrace) -> dict[str, float]:
-    """Seconds per stage of a step; per-rank times (tensor parallel) split `forward`, so not here."""
-    return trace.timings
-
-
 def step_seconds(trace: StepTrace) -> float:
-    return sum(stage_timings(trace).values())
+    return sum(trace.timings.values())
 
 
 def ttft(frame: Frame, seq: SeqView) -> float | None:
@@ -94,7 +89,7 @@ class MetricsPanel(Panel):
             out.append(Text(f"prefix hits {hits}/{prompt} prompt tok ({100 * hits / prompt:.0f}%)"))
         trace = frame.trace
         if self.show_timings and trace is not None:
-            stages = " ".join(f"{k} {ms(v)}" for k, v in stage_timings(trace).items())
+            stages = " ".join(f"{k} {ms(v)}" for k, v in trace.timings.items())
             out.append(Text(f"this step: {stages}", style="dim"))
         return out
 

@@ -86,7 +86,10 @@ def shape_tensor_parallel(name: str, tensor_parallel: int, device: str, dtype: s
 
     config, _ = shape_config(name, max_len)
     per_rank = config.num_parameters * (4 if dtype == "float32" else 2) // tensor_parallel
-    _check_memory(f"{name} (one rank's shard at tensor_parallel={tensor_parallel})", per_rank, device)
+    if device.startswith("cuda"):  # each rank on its own GPU
+        _check_memory(f"{name} (one rank's shard at tensor_parallel={tensor_parallel})", per_rank, device)
+    else:  # every rank in the same host memory
+        _check_memory(f"{name} (all {tensor_parallel} ranks' shards)", per_rank * tensor_parallel, device)
     return load_tensor_parallel_random(config, tensor_parallel=tensor_parallel, device=device,
                                        dtype=dtype, name=name)
 

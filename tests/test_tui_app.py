@@ -18,11 +18,10 @@ from tui.scenarios import SCENARIOS
 from tui.screens.help import HelpScreen
 from tui.screens.loading import LoadingScreen
 from tui.screens.prompt import PromptScreen
-from tui.screens.run import RunScreen
 from tui.screens.sampling import SamplingScreen
+from tests.tui_pilot import settle, started
 
 pytestmark = pytest.mark.anyio
-
 
 
 @pytest.fixture(scope="module")
@@ -37,25 +36,10 @@ def make_app(model, **options) -> TinyInferApp:
     return TinyInferApp(Options(**options), model=model)
 
 
-async def settle(pilot) -> None:
-    """Wait for engine workers and the redraws they cause."""
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
-
-
 async def press(pilot, *keys: str) -> None:
     for key in keys:
         await pilot.press(key)
         await settle(pilot)
-
-
-async def started(pilot) -> RunScreen:
-    """Wait for the loading screen to hand over to the run screen."""
-    for _ in range(100):
-        await settle(pilot)
-        if isinstance(pilot.app.screen, RunScreen):
-            return pilot.app.screen
-    raise AssertionError(f"still on {pilot.app.screen!r}")
 
 
 def shown(widget) -> str:

@@ -12,9 +12,9 @@ from tui.app import TinyInferApp
 from tui.options import Options
 from tui.panels.quantization import BINS, QuantizationPanel, short_name
 from tui.screens.run import RunScreen
+from tests.tui_pilot import settle, started
 
 pytestmark = pytest.mark.anyio
-
 
 
 @pytest.fixture(scope="module")
@@ -29,19 +29,6 @@ def make_app(model, **options) -> TinyInferApp:
     return TinyInferApp(Options(**options), model=model)
 
 
-async def settle(pilot) -> None:
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
-
-
-async def started(pilot) -> RunScreen:
-    for _ in range(100):
-        await settle(pilot)
-        if isinstance(pilot.app.screen, RunScreen) and pilot.app.screen.quant_report is not None:
-            return pilot.app.screen
-    raise AssertionError(f"still on {pilot.app.screen!r}")
-
-
 def first_probs(screen: RunScreen) -> list[tuple[int, float]]:
     """The first sampled token's recorded candidates: (token id, probability)."""
     trace = screen.session.frames[-1].traces[0]
@@ -52,7 +39,7 @@ async def test_scenario_shows_the_per_layer_errors_quant_py_computes(model):
     original = load_weights(model.path, model.config)
     expected = layer_errors(original, quantize_weights(original, QuantConfig.parse("int8")))
     async with make_app(model).run_test(size=(120, 40)) as pilot:
-        screen = await started(pilot)
+        screen = await started(pilot, ready=lambda screen: screen.quant_report is not None)
         panel = screen.query_one(QuantizationPanel)
         assert panel.display and not panel.has_class("-off")
         assert screen.session.engine.model.quantization.name == "int8"
@@ -74,12 +61,12 @@ async def test_scenario_shows_the_per_layer_errors_quant_py_computes(model):
 
 async def test_m_switches_precision_and_changes_the_next_token_distribution(model):
     async with make_app(model).run_test(size=(120, 40)) as pilot:
-        screen = await started(pilot)
+        screen = await started(pilot, ready=lambda screen: screen.quant_report is not None)
         await pilot.press("space")
         await settle(pilot)
         int8 = first_probs(screen)
         await pilot.press("m")
-        await started(pilot)
+        await started(pilot, ready=lambda screen: screen.quant_report is not None)
         assert screen.session.engine.model.quantization.name == "int4-g128"
         assert screen.session.frame.event == "start" and screen.quant_report.precision == "int4-g128"
         assert "reloaded with int4" in screen.narration.body
@@ -88,7 +75,7 @@ async def test_m_switches_precision_and_changes_the_next_token_distribution(mode
         int4 = first_probs(screen)
         assert [t for t, _ in int4] and int4 != int8
         await pilot.press("m")
-        await started(pilot)
+        await started(pilot, ready=lambda screen: screen.quant_report is not None)
         assert screen.session.engine.model.quantization is None
         assert screen.quant_report.errors == ()
         assert "as trained" in screen.query_one(QuantizationPanel).render().plain
@@ -105,7 +92,7 @@ async def test_panel_stays_off_in_runs_without_quantization(model):
 
 def test_snapshot_after_prefill(snap_compare, model):
     async def run_before(pilot) -> None:
-        await started(pilot)
+        await started(pilot, ready=lambda screen: screen.quant_report is not None)
         await pilot.press("space")
         await settle(pilot)
 

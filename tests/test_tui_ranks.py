@@ -17,8 +17,8 @@ from tui.options import Options
 from tui.panels.pages import PagesPanel
 from tui.panels.ranks import RanksPanel
 from tui.scenarios import SCENARIOS
-from tui.screens.run import RunScreen
 from tui.session import Session
+from tests.tui_pilot import settle, started
 
 TP = dict(runner="torch", tensor_parallel=2)
 
@@ -29,19 +29,6 @@ def tp_model():
     model = load_tensor_parallel("bundled", tensor_parallel=2, device="cpu")
     yield model
     model.runner.close()
-
-
-async def settle(pilot) -> None:
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
-
-
-async def started(pilot) -> RunScreen:
-    for _ in range(100):
-        await settle(pilot)
-        if isinstance(pilot.app.screen, RunScreen):
-            return pilot.app.screen
-    raise AssertionError(f"still on {pilot.app.screen!r}")
 
 
 def table(panel: RanksPanel) -> dict[str, list[str]]:

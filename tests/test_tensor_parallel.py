@@ -413,14 +413,20 @@ def _kill_rank1() -> None:
     worker.join(10)
 
 
+def _running_engine():
+    """A TP=2 bundled model on CPU and an engine one step into a request."""
+    tp = load_tensor_parallel("bundled", tensor_parallel=2, device="cpu")
+    engine = tinyinfer.Engine(tp)
+    engine.add_request([5, 6, 7], SamplingParams(max_tokens=20, temperature=0))
+    engine.step()
+    return tp, engine
+
+
 def test_a_dead_worker_gives_a_clear_error_not_a_hang():
     import time
 
-    tp = load_tensor_parallel("bundled", tensor_parallel=2, device="cpu")
+    tp, engine = _running_engine()
     try:
-        engine = tinyinfer.Engine(tp)
-        engine.add_request([5, 6, 7], SamplingParams(max_tokens=20, temperature=0))
-        engine.step()
         _kill_rank1()
         with pytest.raises(TinyInferError, match="worker process has stopped"):
             engine.step()
@@ -431,11 +437,8 @@ def test_a_dead_worker_gives_a_clear_error_not_a_hang():
 
 
 def test_a_worker_dying_mid_step_fails_that_step_cleanly_and_every_later_one():
-    tp = load_tensor_parallel("bundled", tensor_parallel=2, device="cpu")
+    tp, engine = _running_engine()
     try:
-        engine = tinyinfer.Engine(tp)
-        engine.add_request([5, 6, 7], SamplingParams(max_tokens=20, temperature=0))
-        engine.step()
         shard_step = tp.runner.shard.run_step
 
         def dies_after_the_command_went_out(*args, **kwargs):

@@ -295,7 +295,9 @@ class ShardRunner(TorchRunner):
 
     ``weights`` are the whole model's (cut here), or this rank's shard already when ``presharded``.
     ``time_collectives=False`` only counts the collectives (no CUDA events): the step's timing
-    then reports it all as compute. Decode steps replay CUDA graphs as on one GPU: NCCL's all-reduces are captured with the
+    then reports it all as compute.
+
+    Decode steps replay CUDA graphs as on one GPU: NCCL's all-reduces are captured with the
     layers, and every rank captures the same step at the same moment, because every rank runs
     the same commands in the same order.
 

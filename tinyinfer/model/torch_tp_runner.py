@@ -6,7 +6,8 @@ sends a ``Command`` (the step's ``Batch``, a new KV cache, a page copy) down a p
 worker, then does its own share. Workers wait in ``serve_worker`` and do the same share on
 their shard, then send back their timing. Tensors — the all-reduces, the logits gather —
 travel over the default group: NCCL on GPUs, gloo on CPU. (A pipe carries a small pickled
-command in tens of microseconds; a second gloo group took a millisecond or more per step.)
+command in well under a millisecond; the gloo group used before cost about 2 ms per step on
+the GPU host: a TP=2 step of the bundled model took 3.3 ms, of which each rank's own work ~1 ms.)
 """
 
 from __future__ import annotations

@@ -20,8 +20,39 @@ from hypothesis import strategies as st
 
 import tinyinfer
 from tinyinfer.server import ServerConfig, ServerThread
+from tinyinfer.trace import StepTrace
 
-LONG = {"max_tokens": 240, "ignore_eos": True, "temperature": 0}  # about a second of decoding
+LONG = {"max_tokens": 240, "ignore_eos": True, "temperature": 0}
+
+
+class HeldEngine(tinyinfer.Engine):
+    """An engine that can be held: a held step runs nothing and returns an empty trace, so the
+    server loop goes on taking adds and cancels while no sequence advances. The tests below
+    decide when a long request may go on, so none depends on how fast this machine decodes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._go = threading.Event()
+        self._go.set()
+        self._until_text = False
+
+    def hold(self, after_first_text: bool = False) -> None:
+        """Hold every later step until resume(); or, with after_first_text, once a step has
+        given some request its first text (a client then has its first streamed event)."""
+        self._until_text = after_first_text
+        self._go.clear()
+
+    def resume(self) -> None:
+        self._go.set()
+
+    def step(self) -> StepTrace:
+        if self._until_text:
+            trace = super().step()
+            self._until_text = not any(self.completion(s.request_id).text for s in trace.seqs)
+            return trace
+        if not self._go.wait(0.01):  # the wait only keeps the held loop from spinning hot
+            return StepTrace(step=self.step_count, seqs=())
+        return super().step()
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +163,9 @@ def test_context_overflow_is_400_with_openai_code(server, model):
 
 def test_full_queue_is_429_with_retry_after(model):
     config = ServerConfig(max_queue=1)  # 2 running + 1 waiting
-    with ServerThread(tinyinfer.Engine(model, max_num_seqs=2), config) as live, \
+    engine = HeldEngine(model, max_num_seqs=2)
+    engine.hold()  # the three streams stay in flight until the refusals are checked
+    with ServerThread(engine, config) as live, \
             httpx.Client(base_url=live.url, timeout=60) as http:
         body = {"model": model.name, "prompt": "Hold", "stream": True, **LONG}
         streams = [http.stream("POST", "/v1/completions", json=body) for _ in range(3)]
@@ -142,6 +175,7 @@ def test_full_queue_is_429_with_retry_after(model):
         error = error_of(refused, 429)
         assert int(refused.headers["retry-after"]) >= 1 and error["type"] == "rate_limit_error"
         error_of(http.post("/v1/completions", json={**body, "n": 2, "stream": False}), 429)
+        engine.resume()
         for stream in streams:
             stream.__exit__(None, None, None)
         wait_until_idle(live.url)
@@ -150,11 +184,12 @@ def test_full_queue_is_429_with_retry_after(model):
 
 
 def test_request_timeout_stops_the_request(model):
-    with ServerThread(tinyinfer.Engine(model), ServerConfig(request_timeout=0.3)) as live:
+    engine = HeldEngine(model)
+    engine.hold()  # no request can finish before its deadline, however fast this machine is
+    with ServerThread(engine, ServerConfig(request_timeout=0.3)) as live:
         body = {"model": model.name, "prompt": "Slow", **LONG}
-        started = time.monotonic()
         error = error_of(httpx.post(f"{live.url}/v1/completions", json=body, timeout=30), 504)
-        assert error["type"] == "timeout_error" and time.monotonic() - started < 5
+        assert error["type"] == "timeout_error"
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0)
         stream = client.completions.create(model=model.name, prompt="Slow", stream=True,
                                            max_tokens=240, temperature=0,
@@ -162,6 +197,7 @@ def test_request_timeout_stops_the_request(model):
         with pytest.raises(openai.APIError, match="limit of 0.3 s"):
             for _ in stream:
                 pass
+        engine.resume()
         wait_until_idle(live.url)
         text = httpx.get(f"{live.url}/metrics").text
         assert 'tinyinfer_request_aborts_total{reason="timeout"} 2' in text
@@ -226,7 +262,8 @@ def test_shutdown_lets_in_flight_streams_finish(model):
 
 
 def test_shutdown_past_its_grace_period_aborts_and_frees_pages(model):
-    engine = tinyinfer.Engine(model)
+    engine = HeldEngine(model)
+    engine.hold(after_first_text=True)  # the stream gets its first event, then waits
     live = ServerThread(engine, shutdown_timeout=0.2).start()
     body = {"model": model.name, "prompt": "Too long", "stream": True, **LONG}
     events = []
@@ -237,7 +274,9 @@ def test_shutdown_past_its_grace_period_aborts_and_frees_pages(model):
                     events.append(line)
                     if len(events) == 1:
                         threading.Thread(target=live.stop).start()
-    assert "data: [DONE]" not in events
+    # The grace period ran out with the stream unfinished (held after its first token), the
+    # server cut it off, and shutting down must abort the request and free its pages.
+    assert len(events) == 1 and "data: [DONE]" not in events
     live.stop()
     assert not engine.has_unfinished()
     assert engine.pool.num_used_pages == 0

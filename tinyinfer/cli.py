@@ -8,7 +8,7 @@ import time
 from typing import Sequence
 
 from tinyinfer import cli_lesson, cli_quantize, cli_serve, cli_simulate
-from tinyinfer.errors import TinyInferError
+from tinyinfer.errors import TinyInferError, missing_package
 from tui import cli as tui_cli
 
 
@@ -326,6 +326,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except TinyInferError as exc:
         print(f"tinyinfer: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        missing = missing_package(exc)
+        if missing is None:
+            raise
+        print(f"tinyinfer: error: {missing}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

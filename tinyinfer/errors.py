@@ -31,3 +31,23 @@ class ContextOverflowError(PromptError):
 
 class OutOfPagesError(TinyInferError):
     """The KV page pool cannot hold what was asked of it, even after evicting cached pages."""
+
+
+# Optional packages, by the name Python imports, and the extra of pyproject.toml that brings each.
+OPTIONAL_PACKAGES = {"torch": "torch", "uvicorn": "serve", "starlette": "serve", "jinja2": "serve",
+                     "transformers": "test", "tokenizers": "test"}
+
+
+class MissingPackageError(TinyInferError):
+    """A feature needs an optional package that is not installed."""
+
+
+def missing_package(exc: ModuleNotFoundError) -> MissingPackageError | None:
+    """The clear error for an optional package that failed to import; None for any other module
+    (a missing module of tinyinfer itself is a bug, not something a user installs)."""
+    package = (exc.name or "").split(".")[0]
+    extra = OPTIONAL_PACKAGES.get(package)
+    if extra is None:
+        return None
+    return MissingPackageError(f"this needs {package}, which is not installed; install the "
+                               f"'{extra}' extra: pip install -e '.[{extra}]'")

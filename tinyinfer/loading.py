@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tinyinfer.config import ModelConfig, load_config
-from tinyinfer.errors import PromptError, TinyInferError, TokenizerError
+from tinyinfer.errors import PromptError, TinyInferError, TokenizerError, missing_package
 from tinyinfer.model.runner import ModelRunner, make_batch
 from tinyinfer.quant import QuantConfig, QuantizedWeight, load_quantized, quantize_weights, read_quant_config
 from tinyinfer.tokenizer import Tokenizer, load_tokenizer
@@ -115,8 +115,10 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
             raise TinyInferError("the NumPy runner runs on the CPU only; use runner='torch' for GPUs")
         model_runner: ModelRunner = NumpyRunner(config, weights, dtype=dtype or "float32")
     else:
-        from tinyinfer.model.torch_fast import TorchRunner
-
+        try:
+            from tinyinfer.model.torch_fast import TorchRunner
+        except ModuleNotFoundError as exc:
+            raise missing_package(exc) or exc from None
         model_runner = TorchRunner(config, weights, device=device, dtype=dtype, **runner_options)
     tokenizer, error = None, ""
     try:

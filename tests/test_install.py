@@ -30,10 +30,13 @@ def without(packages: list[str], argv: list[str]) -> subprocess.CompletedProcess
     return run_python(code)
 
 
-def test_the_default_path_imports_no_optional_package():
+def test_the_default_path_imports_no_optional_package(tmp_path):
+    out = str(tmp_path / "int4")
     code = ("import sys\nfrom tinyinfer.cli import main\n"
             "assert main(['generate', 'ROMEO:', '--max-tokens', '3', '--seed', '1']) == 0\n"
             "assert main(['info']) == 0\n"
+            f"assert main(['quantize', 'bundled', '--bits', '4', '-o', {out!r}]) == 0\n"
+            f"assert main(['generate', 'ROMEO:', '--max-tokens', '3', '--model', {out!r}]) == 0\n"
             "assert main(['simulate', '--model', 'llama-3-8b']) == 0\n"
             "import tui.app, lessons.course\n"
             f"loaded = sorted(m for m in {OPTIONAL!r} if m in sys.modules)\n"

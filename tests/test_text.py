@@ -66,6 +66,29 @@ def test_cli_info_describes_the_model(text_model_folder):
     assert "GQA" in result.stdout and "KV cache per token" in result.stdout
 
 
+def test_cli_info_reads_what_the_files_hold(tmp_path):
+    import os
+    import shutil
+
+    out = tmp_path / "int8"
+    assert run_cli("quantize", "bundled", "--bits", "8", "-o", str(out)).returncode == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+    result = run_cli("info", "--model", str(out))
+    assert result.returncode == 0, result.stderr
+    stored = next(line for line in result.stdout.splitlines() if line.startswith("stored as"))
+    assert "int8" in stored and "in 1 file" in stored and "quantized as" in result.stdout
+    broken = tmp_path / "truncated"
+    shutil.copytree(out, broken)
+    with open(broken / "model.safetensors", "r+b") as f:
+        f.truncate((broken / "model.safetensors").stat().st_size // 2)
+    result = run_cli("info", "--model", str(broken))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("tinyinfer: error: ") and "corrupt" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_cli_errors_are_one_clear_line(text_model_folder, tmp_path):
     result = run_cli("generate", "hi", "--model", str(tmp_path / "missing"))
     assert result.returncode == 2

@@ -78,3 +78,33 @@ def test_lazy_gpt2_transposed_weights_match_transformers(tmp_path):
     with torch.no_grad():
         expected = hf.float()(torch.tensor([ids])).logits[0].numpy()
     np.testing.assert_allclose(model.logits(ids), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_written_safetensors_read_back_in_the_library_and_in_torch(tmp_path):
+    """The hand-written writer against the safetensors library as the oracle, bf16 included."""
+    import os
+
+    from safetensors.torch import load_file
+
+    from tinyinfer.weights import float32_to_bf16_bits, write_safetensors
+
+    rng = np.random.default_rng(0)
+    plain = {"f32": rng.standard_normal((3, 5)).astype(np.float32),
+             "f16": rng.standard_normal(7).astype(np.float16),
+             "i8": rng.integers(-128, 127, (2, 2, 3), dtype=np.int8),
+             "u8": rng.integers(0, 255, 9, dtype=np.uint8), "empty": np.zeros((0, 4), np.float32)}
+    values = rng.standard_normal((4, 6)).astype(np.float32)
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path, {**plain, "bf16": Bf16Array(float32_to_bf16_bits(values))},
+                      metadata={"format": "pt"})
+    back = load_file(str(path))  # the library's reader (its NumPy one has no bfloat16)
+    expected_bf16 = torch.from_numpy(values).to(torch.bfloat16)  # torch rounds the same way
+    assert back["bf16"].dtype == torch.bfloat16 and torch.equal(back["bf16"], expected_bf16)
+    for name, array in plain.items():
+        read = back[name].numpy()
+        assert read.dtype == array.dtype and np.array_equal(read, array), name
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # an ordinary file, not 0600
+    with pytest.raises(tinyinfer.CheckpointError, match="dtype"):
+        write_safetensors(tmp_path / "bad.safetensors", {"c": np.zeros(2, np.complex64)})

@@ -275,6 +275,25 @@ def _human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def _stored_as(path) -> str:
+    """What the checkpoint's files hold, by dtype, read from their headers (which also finds a
+    missing, truncated or corrupt file before anything claims the model is fine)."""
+    from collections import Counter
+
+    from tinyinfer.weights import Bf16Array, read_checkpoint
+
+    tensors, origin = read_checkpoint(path, lazy=True)
+    sizes: Counter[str] = Counter()
+    for tensor in tensors.values():
+        if isinstance(tensor, Bf16Array):
+            sizes["bfloat16"] += tensor.bits.nbytes
+        else:
+            sizes[str(tensor.dtype)] += tensor.nbytes
+    files = len(set(origin.values()))
+    return (", ".join(f"{dtype} {_human_bytes(n)}" for dtype, n in sizes.most_common())
+            + f" in {files} file{'s' * (files != 1)}")
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from tinyinfer.config import load_config
     from tinyinfer.loading import resolve_source
@@ -284,6 +303,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     path, name = resolve_source(args.model)
     c = load_config(path)
     saved = read_quant_config(path)
+    stored = _stored_as(path)
     params = c.num_parameters
     rows = [
         ("model", f"{name} ({path})"),
@@ -298,7 +318,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("vocabulary", str(c.vocab_size)),
         ("context", f"{c.max_model_len} tokens"),
         ("parameters", f"{params:,}"),
-        ("stored as", c.dtype),
+        ("stored as", stored),
         *[(f"weights {r.format}", f"{_human_bytes(r.total_bytes)} "
                                   f"({r.bits_per_parameter:.2f} bits/param)")
           for r in weight_memory_table(c)],

@@ -27,7 +27,8 @@ import numpy as np
 
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import CheckpointError, TinyInferError
-from tinyinfer.weights import internal_shapes, read_checkpoint, write_safetensors
+from tinyinfer.weights import (Bf16Array, float32_to_bf16_bits, internal_shapes, read_checkpoint,
+                               write_safetensors)
 
 BITS = (8, 4)
 GROUP_SIZES = (32, 64, 128)
@@ -270,7 +271,7 @@ def save_quantized(folder: str | Path, weights: dict[str, np.ndarray | Quantized
         raise QuantizationError(f"float_dtype must be float32, float16 or bfloat16, got {float_dtype!r}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, np.ndarray | Bf16Array] = {}
     floats: dict[str, np.ndarray] = {}
     for name, value in weights.items():
         if isinstance(value, QuantizedWeight):
@@ -280,25 +281,14 @@ def save_quantized(folder: str | Path, weights: dict[str, np.ndarray | Quantized
                 tensors[f"{name}.zeros"] = value.zeros
         else:
             floats[name] = np.asarray(value, dtype=np.float32)
-    if float_dtype == "bfloat16":
-        _write_with_bf16(folder / "model.safetensors", tensors, floats)
-    else:
-        tensors.update({name: value.astype(float_dtype) for name, value in floats.items()})
-        write_safetensors(folder / "model.safetensors", tensors)
+    for name, value in floats.items():
+        tensors[name] = (Bf16Array(float32_to_bf16_bits(value)) if float_dtype == "bfloat16"
+                         else value.astype(float_dtype))
+    write_safetensors(folder / "model.safetensors", tensors)
     quantized = sorted(name for name, value in weights.items() if isinstance(value, QuantizedWeight))
     meta = {"format": FORMAT, **asdict(config), "float_dtype": float_dtype, "quantized": quantized}
     (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return folder
-
-
-def _write_with_bf16(path: Path, tensors: dict[str, np.ndarray], floats: dict[str, np.ndarray]) -> None:
-    """NumPy has no bfloat16, so a checkpoint that keeps bf16 floats is written through torch."""
-    import torch
-    from safetensors.torch import save_file
-
-    out = {name: torch.from_numpy(np.ascontiguousarray(v)) for name, v in tensors.items()}
-    out.update({name: torch.from_numpy(np.array(v)).to(torch.bfloat16) for name, v in floats.items()})
-    save_file(out, str(path))
 
 
 def read_quant_config(folder: str | Path) -> QuantConfig | None:

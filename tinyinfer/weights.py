@@ -30,6 +30,7 @@ _DTYPES = {
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
     "BOOL": np.bool_,
 }
+_NAMES = {dtype: name for name, dtype in _DTYPES.items() if name != "BF16"}
 _MAX_HEADER = 100 * 1024 * 1024
 
 
@@ -116,12 +117,36 @@ def _tensor_from_bytes(path: Path, name: str, info: dict, data: np.ndarray) -> W
     return array
 
 
-def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray],
+def write_safetensors(path: str | Path, tensors: dict[str, WeightArray],
                       metadata: dict[str, str] | None = None) -> None:
-    """Write named NumPy arrays with the safetensors library."""
-    from safetensors.numpy import save_file
+    """Write named arrays as one .safetensors file; a ``Bf16Array`` is stored as bfloat16.
 
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=metadata)
+    Written by hand, as it is read above (an 8-byte header length, a JSON header of dtypes,
+    shapes and byte offsets, then the raw little-endian bytes): the safetensors library's NumPy
+    writer has no bfloat16, the dtype checkpoints use most, and the torch one needs PyTorch.
+    """
+    header: dict[str, object] = {"__metadata__": metadata} if metadata else {}
+    blobs, offset = [], 0
+    for name, value in tensors.items():
+        if isinstance(value, Bf16Array):
+            data, dtype = np.ascontiguousarray(value.bits), "BF16"
+        else:
+            data = np.ascontiguousarray(value)
+            dtype = _NAMES.get(data.dtype.type)
+            if dtype is None:
+                raise CheckpointError(f"cannot store tensor {name} of dtype {data.dtype} in safetensors")
+        data = data.astype(data.dtype.newbyteorder("<"), copy=False)
+        header[name] = {"dtype": dtype, "shape": list(data.shape),
+                        "data_offsets": [offset, offset + data.nbytes]}
+        blobs.append(data)
+        offset += data.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # the data section starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for data in blobs:
+            f.write(data.tobytes())
 
 
 def read_checkpoint(folder: str | Path, lazy: bool = False) -> tuple[dict[str, WeightArray], dict[str, str]]:

@@ -20,39 +20,9 @@ from hypothesis import strategies as st
 
 import tinyinfer
 from tinyinfer.server import ServerConfig, ServerThread
-from tinyinfer.trace import StepTrace
+from tests.held import HeldEngine
 
 LONG = {"max_tokens": 240, "ignore_eos": True, "temperature": 0}
-
-
-class HeldEngine(tinyinfer.Engine):
-    """An engine that can be held: a held step runs nothing and returns an empty trace, so the
-    server loop goes on taking adds and cancels while no sequence advances. The tests below
-    decide when a long request may go on, so none depends on how fast this machine decodes."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._go = threading.Event()
-        self._go.set()
-        self._until_text = False
-
-    def hold(self, after_first_text: bool = False) -> None:
-        """Hold every later step until resume(); or, with after_first_text, once a step has
-        given some request its first text (a client then has its first streamed event)."""
-        self._until_text = after_first_text
-        self._go.clear()
-
-    def resume(self) -> None:
-        self._go.set()
-
-    def step(self) -> StepTrace:
-        if self._until_text:
-            trace = super().step()
-            self._until_text = not any(self.completion(s.request_id).text for s in trace.seqs)
-            return trace
-        if not self._go.wait(0.01):  # the wait only keeps the held loop from spinning hot
-            return StepTrace(step=self.step_count, seqs=())
-        return super().step()
 
 
 @pytest.fixture(scope="module")

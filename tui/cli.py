@@ -13,7 +13,7 @@ from tui.scenarios import SCENARIOS
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the `tui` command to a subparsers group and return its parser."""
-    from tinyinfer.cli import positive_int  # here, not at the top: tinyinfer.cli imports this module
+    from tinyinfer.cli_common import positive_int
 
     scenarios = "; ".join(f"{s.name}: {s.title}" for s in SCENARIOS.values())
     parser = subparsers.add_parser(

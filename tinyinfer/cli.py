@@ -325,8 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (TinyInferError, OSError) as exc:  # bad input: a flag, a model folder, a file to write
+    except TinyInferError as exc:  # bad input: a flag's value, a model folder, a prompt
         return fail(str(exc))
+    except OSError as exc:  # a file named on the command line cannot be read or written
+        return fail(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
     except KeyboardInterrupt:
         return 130
 

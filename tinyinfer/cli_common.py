@@ -49,8 +49,9 @@ class Parser(argparse.ArgumentParser):
             raise argparse.ArgumentError(action, exc.message.replace(f": {text!r}", f" (got {text})")) from None
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
-        # argparse's own message quotes by repr: 'x' (choose from 'a', 'b')
-        if action.choices is not None and value not in action.choices:
+        # argparse's own message quotes by repr: 'x' (choose from 'a', 'b'); a const (the value
+        # of an optional-valued flag given bare) is the program's, not the user's, to choose
+        if action.choices is not None and value not in action.choices and value is not action.const:
             choices = ", ".join(map(str, action.choices))
             raise argparse.ArgumentError(action, f"invalid choice {value} (choose from {choices})")
 

@@ -220,7 +220,8 @@ def _dir_flag(workspace: Path) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `lesson` sub-commands: list, start, check, run."""
-    sub = parser.add_subparsers(dest="lesson_command", required=True, metavar="ACTION")
+    sub = parser.add_subparsers(dest="lesson_command", required=True, metavar="ACTION",
+                                help="what to do with the lessons")
     workspace_help = "your workspace folder"
     p = sub.add_parser("list", help="the lessons, and your progress in each",
                        description="List the lessons with their claims, time and your progress.")

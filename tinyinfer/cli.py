@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tinyinfer",
         description="An LLM inference engine you can step through. Runs offline on its bundled model.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="what to do; `tinyinfer COMMAND --help` tells more")
 
     gen = sub.add_parser("generate", help="generate text from a prompt, streamed as it is produced",
                          description="Load a model and stream the text it generates after PROMPT "

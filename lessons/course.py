@@ -21,6 +21,7 @@ from types import ModuleType
 
 from lessons.checking import Report, where_in_student_code
 from lessons.support import LessonError
+from tinyinfer.cli_common import Parser, fail
 
 HERE = Path(__file__).parent
 DEFAULT_WORKSPACE = Path("tinyinfer-lessons")
@@ -71,7 +72,7 @@ def find(ref: str, root: Path = HERE) -> Lesson:
         if key in (lesson.name, lesson.slug) or (key.isdigit() and int(key) == int(lesson.number)):
             return lesson
     names = ", ".join(lesson.name for lesson in lessons)
-    raise LessonError(f"there is no lesson {ref!r}; the lessons are: {names}")
+    raise LessonError(f"there is no lesson {ref}; the lessons are: {names}")
 
 
 # ---------------------------------------------------------------- loading code
@@ -219,28 +220,36 @@ def _dir_flag(workspace: Path) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `lesson` sub-commands: list, start, check, run."""
-    sub = parser.add_subparsers(dest="lesson_command", required=True, metavar="ACTION")
-    workspace_help = f"your workspace folder (default: ./{DEFAULT_WORKSPACE})"
-    p = sub.add_parser("list", help="the lessons, and your progress in each")
+    sub = parser.add_subparsers(dest="lesson_command", required=True, metavar="ACTION",
+                                help="what to do with the lessons")
+    workspace_help = "your workspace folder"
+    p = sub.add_parser("list", help="the lessons, and your progress in each",
+                       description="List the lessons with their claims, time and your progress.")
     p.add_argument("--dir", type=Path, default=DEFAULT_WORKSPACE, help=workspace_help)
-    p = sub.add_parser("start", help="copy a lesson's exercise into your workspace (never overwrites)")
+    p = sub.add_parser("start", help="copy a lesson's exercise into your workspace (never overwrites)",
+                       description="Copy a lesson's exercise and text into your workspace; files "
+                                   "already there are kept.")
     p.add_argument("lesson", help="lesson number or topic, e.g. 01 or tokens")
     p.add_argument("--dir", type=Path, default=DEFAULT_WORKSPACE, help=workspace_help)
-    p = sub.add_parser("check", help="check your exercise against the engine's reference")
+    p = sub.add_parser("check", help="check your exercise against the engine's reference",
+                       description="Run a lesson's checks on your exercise; exit status 1 while "
+                                   "any fails.")
     p.add_argument("lesson", help="lesson number or topic")
     p.add_argument("--dir", type=Path, default=DEFAULT_WORKSPACE, help=workspace_help)
     p.add_argument("--solution", action="store_true", help="check the teacher's solution instead")
-    p = sub.add_parser("run", help="run the lesson's experiment with your code inside the real engine")
+    p = sub.add_parser("run", help="run the lesson's experiment with your code inside the real engine",
+                       description="Check your exercise, then run the lesson's experiment with it "
+                                   "plugged into the engine; exit status 1 when it fails.")
     p.add_argument("lesson", help="lesson number or topic")
     p.add_argument("--dir", type=Path, default=DEFAULT_WORKSPACE, help=workspace_help)
     p.add_argument("--quick", action="store_true", help="a smaller experiment (under a minute)")
     p.add_argument("--solution", action="store_true", help="use the teacher's solution (for teachers)")
-    p.add_argument("--model", default="bundled",
-                   help="'bundled' or a Hugging Face Llama-family folder (default: bundled)")
+    p.add_argument("--model", default="bundled", help="'bundled' or a Hugging Face Llama-family folder")
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Carry out one `lesson` action; 0 on success, 1 when a check or experiment fails."""
+    """Carry out one `lesson` action; 0 on success, 1 when a check or experiment fails, 2 when
+    the request itself is wrong (no such lesson, not started)."""
     try:
         if args.lesson_command == "list":
             return _cmd_list(args.dir)
@@ -252,8 +261,7 @@ def run_command(args: argparse.Namespace) -> int:
             return _cmd_check(lesson, args.dir, args.solution)
         return _cmd_run(lesson, args)
     except LessonError as exc:
-        print(f"tinyinfer lesson: {exc}", file=sys.stderr)
-        return 1
+        return fail(str(exc))
 
 
 def _cmd_list(workspace: Path) -> int:
@@ -325,7 +333,7 @@ def experiment_main(path: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m lessons ...`: the same actions as `tinyinfer lesson ...`."""
-    parser = argparse.ArgumentParser(prog="python -m lessons",
+    parser = Parser(prog="python -m lessons",
                                      description="The tinyinfer course: build each stage, check it, measure it.")
     add_arguments(parser)
     return run_command(parser.parse_args(argv))

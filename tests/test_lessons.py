@@ -146,10 +146,10 @@ def cli(argv: list[str]) -> int:
 def test_cli_check_and_errors(tmp_path, capsys):
     assert cli(["lesson", "check", "8", "--solution"]) == 0
     assert "All 6 cases pass" in capsys.readouterr().out
-    assert cli(["lesson", "check", "01", "--dir", str(tmp_path)]) == 1
+    assert cli(["lesson", "check", "01", "--dir", str(tmp_path)]) == 2
     assert "is not started" in capsys.readouterr().err
-    assert cli(["lesson", "run", "nope"]) == 1
-    assert "there is no lesson 'nope'" in capsys.readouterr().err
+    assert cli(["lesson", "run", "nope"]) == 2
+    assert "there is no lesson nope;" in capsys.readouterr().err
 
 
 def test_run_refuses_an_unfinished_exercise(tmp_path, capsys):

@@ -100,7 +100,7 @@ def test_int8_kv_copy_page_copies_scales(oracle_model):
 def test_quantized_checkpoint_loads_to_the_same_logits(oracle_model, tmp_path, capsys, name, argv, fmt):
     folder, _ = oracle_model(name)
     out = tmp_path / "quantized"
-    assert run_quantize(str(folder), *argv, "-o", str(out)) == 0
+    assert run_quantize("--model", str(folder), *argv, "-o", str(out)) == 0
     assert fmt in capsys.readouterr().out
     assert {"config.json", "model.safetensors", "quantization.json"} <= {p.name for p in out.iterdir()}
     saved = tinyinfer.load(out)
@@ -133,16 +133,16 @@ def test_bfloat16_floats_round_trip(oracle_model, tmp_path):
 def test_quantize_command_refuses_bad_requests(oracle_model, tmp_path):
     folder, _ = oracle_model("llama-gqa-untied")
     with pytest.raises(QuantizationError, match="per-output-channel"):
-        run_quantize(str(folder), "--bits", "8", "--group-size", "64", "-o", str(tmp_path / "a"))
+        run_quantize("--model", str(folder), "--bits", "8", "--group-size", "64", "-o", str(tmp_path / "a"))
     with pytest.raises(QuantizationError, match="group size must be one of"):
-        run_quantize(str(folder), "--bits", "4", "--group-size", "48", "-o", str(tmp_path / "b"))
+        run_quantize("--model", str(folder), "--bits", "4", "--group-size", "48", "-o", str(tmp_path / "b"))
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("mine")
     with pytest.raises(TinyInferError, match="not an empty folder"):
-        run_quantize(str(folder), "--bits", "8", "-o", str(tmp_path / "full"))
-    run_quantize(str(folder), "--bits", "8", "-o", str(tmp_path / "q"))
+        run_quantize("--model", str(folder), "--bits", "8", "-o", str(tmp_path / "full"))
+    run_quantize("--model", str(folder), "--bits", "8", "-o", str(tmp_path / "q"))
     with pytest.raises(TinyInferError, match="already quantized"):
-        run_quantize(str(tmp_path / "q"), "--bits", "4", "-o", str(tmp_path / "qq"))
+        run_quantize("--model", str(tmp_path / "q"), "--bits", "4", "-o", str(tmp_path / "qq"))
     with pytest.raises(TinyInferError, match="already quantized as int8"):
         tinyinfer.load(tmp_path / "q", quantize="int4")
     with pytest.raises(QuantizationError, match="unknown quantization"):
@@ -152,7 +152,7 @@ def test_quantize_command_refuses_bad_requests(oracle_model, tmp_path):
 def test_damaged_quantized_checkpoints_are_reported(oracle_model, tmp_path):
     folder, _ = oracle_model("llama-gqa-untied")
     good = tmp_path / "good"
-    run_quantize(str(folder), "--bits", "4", "--group-size", "64", "-o", str(good))
+    run_quantize("--model", str(folder), "--bits", "4", "--group-size", "64", "-o", str(good))
 
     broken_config = tmp_path / "config"
     shutil.copytree(good, broken_config)

@@ -103,7 +103,7 @@ def test_invalid_params_raise_naming_the_parameter(kwargs, name):
         SamplingParams(**kwargs)
     message = str(info.value)
     assert name in message
-    assert repr(kwargs[name]) in message  # the bad value is shown
+    assert "(got " in message and str(kwargs[name]).strip("[]") in message  # the bad value is shown
     assert isinstance(info.value, TinyInferError)
 
 

@@ -175,7 +175,7 @@ def test_engine_terms_of_tensor_parallelism_show_in_the_formulas(capsys):
     assert "all_reduces × collective_overhead" in host.explain()
     one = sim("llama-3-8b", "h200", efficiency=e)
     assert one.tpot.inputs["host_time"].value == 0  # one device: no all-reduces, nothing to pay
-    out = run_cli(["--model", "llama-3-8b", "--hardware", "h200", "--gpus", "4", "--all-reduce-wait-us", "0.5",
+    out = run_cli(["--model", "llama-3-8b", "--hardware", "h200", "--tensor-parallel", "4", "--all-reduce-wait-us", "0.5",
                    "--collective-overhead-us", "30", "--explain", "tpot"], capsys)
     assert "all_reduces × (wire_time + engine_wait)" in out and "all_reduce_wait × all_reduces" in out
     assert "link_latency + 2 × (gpus - 1) × link_hop_latency" in out
@@ -320,7 +320,7 @@ def run_cli(argv: list[str], capsys) -> str:
 
 def test_cli_table_for_the_issue_example(capsys):
     out = run_cli(["--model", "llama-2-70b", "--hardware", "h100", "--context", "32768",
-                   "--batch", "16", "--gpus", "4", "--explain", "kv_per_sequence"], capsys)
+                   "--max-num-seqs", "16", "--tensor-parallel", "4", "--explain", "kv_per_sequence"], capsys)
     assert "KV cache per sequence" in out and "10.7 GB" in out
     assert "kv_per_sequence = kv_bytes_per_token × (prompt + output)" in out
     assert "2 × 80 × 8 × 128 × 2 B" in out
@@ -337,7 +337,7 @@ def test_cli_sweep_plots_every_batch(capsys):
 def test_cli_list_and_json(capsys):
     out = run_cli(["--list"], capsys)
     assert "mixtral-8x7b" in out and "12.9B params active" in out and "laptop-cpu" in out
-    data = json.loads(run_cli(["--model", "gpt2", "--hardware", "cpu", "--json"], capsys))
+    data = json.loads(run_cli(["--model", "gpt2", "--hardware", "cpu", "--json", "-"], capsys))
     assert data["weight_memory"]["value"] == pytest.approx(2 * 124_439_808)
 
 
@@ -346,7 +346,7 @@ def test_cli_context_must_leave_a_prompt():
 
     parser = argparse.ArgumentParser()
     cli_simulate.add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["simulate", "--context", "100", "--output", "256"])
+    args = parser.parse_args(["simulate", "--context", "100", "--max-tokens", "256"])
     with pytest.raises(SimulationError, match="leaves no prompt"):
         cli_simulate.run(args)
 

@@ -330,7 +330,7 @@ def test_cli_bench_latency_reports_ranks_and_all_reduce_time(tmp_path):
     out = tmp_path / "latency.json"
     result = subprocess.run(
         [sys.executable, "-m", "tinyinfer.cli", "bench", "latency", "--runner", "torch",
-         "--tensor-parallel", "2", "--prompt-tokens", "16", "--decode-tokens", "4", "--json", str(out)],
+         "--tensor-parallel", "2", "--prompt-tokens", "16", "--max-tokens", "4", "--json", str(out)],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "all-reduce" in result.stdout

@@ -209,3 +209,16 @@ def test_without_a_draft_model_speculation_uses_prompt_lookup(text_model_folder)
     session = open_session(Options(model=str(text_model_folder), speculative=True))
     assert session.source.drafter == "prompt lookup"
     assert type(session.engine.drafter).__name__ == "PromptLookupDrafter"
+
+
+@pytest.mark.parametrize("flags, drafter", [
+    (["--speculative", "lookup"], "prompt lookup"),
+    (["--speculative", "draft"], "draft model bundled-draft"),
+    (["--speculative"], "draft model bundled-draft"),  # bare: a draft model when there is one
+])
+def test_cli_speculative_picks_the_drafter(flags, drafter):
+    from tinyinfer.cli import build_parser
+
+    session = open_session(cli.options_from_args(build_parser().parse_args(["tui", *flags])))
+    assert session.source.drafter == drafter
+    assert session.speculation.on

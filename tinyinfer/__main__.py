@@ -1,4 +1,4 @@
-"""`python -m tinyinfer` is the `tinyinfer` command."""
+"""`python -m tinyinfer`: the `tinyinfer` command."""
 
 import sys
 

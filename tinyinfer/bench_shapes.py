@@ -37,7 +37,7 @@ def shape_config(name: str, max_len: int) -> tuple[ModelConfig, dict[str, Any]]:
     from tinyinfer.config import config_from_dict
 
     if name not in MODEL_CONFIGS:
-        raise TinyInferError(f"unknown shape {name!r}: use one of {', '.join(BENCH_SHAPES)}")
+        raise TinyInferError(f"unknown shape {name}: use one of {', '.join(BENCH_SHAPES)}")
     raw = dict(MODEL_CONFIGS[name][2])
     key = "n_positions" if raw["model_type"] == "gpt2" else "max_position_embeddings"
     raw[key] = min(int(raw[key]), max_len)

@@ -4,36 +4,28 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Sequence
 
 from tinyinfer import cli_lesson, cli_quantize, cli_serve, cli_simulate
+from tinyinfer.cli_common import Parser, add_alias, add_json, fail, positive_int, write_json
 from tinyinfer.errors import TinyInferError, missing_package
 from tui import cli as tui_cli
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="bundled",
-                        help="'bundled', 'bundled-draft' or a Hugging Face model folder (default: bundled)")
+                        help="'bundled', 'bundled-draft' or a Hugging Face model folder")
     parser.add_argument("--runner", choices=("numpy", "torch"), default="numpy",
-                        help="numpy = readable reference, torch = fast path (default: numpy)")
-    parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (torch runner)")
+                        help="numpy = readable reference, torch = fast path")
+    parser.add_argument("--device", default=None,
+                        help="torch device, e.g. cpu or cuda (torch runner; default: cuda if any, "
+                             "else cpu)")
     parser.add_argument("--dtype", default=None,
-                        help="float32/float64 (numpy); float32/float16/bfloat16 (torch)")
+                        help="float32/float64 (numpy); float32/float16/bfloat16 (torch) (default: "
+                             "float32; bfloat16 for torch on cuda)")
     parser.add_argument("--quantize", default=None, metavar="FORMAT",
                         help="quantize linear weights as they load: int8, int4, int4-g64, "
-                             "int4-g32-asym, ...")
+                             "int4-g32-asym, ... (default: none, the checkpoint's precision)")
     parser.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
                         help="split the model over N processes (GPUs with NCCL, CPU with gloo); "
                              "torch runner")
@@ -55,36 +47,45 @@ def load_model(args: argparse.Namespace):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tinyinfer",
         description="An LLM inference engine you can step through. Runs offline on its bundled model.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="what to do; `tinyinfer COMMAND --help` tells more")
 
-    gen = sub.add_parser("generate", help="generate text from a prompt, streamed as it is produced")
+    gen = sub.add_parser("generate", help="generate text from a prompt, streamed as it is produced",
+                         description="Load a model and stream the text it generates after PROMPT "
+                                     "to stdout (the prompt first).")
     gen.add_argument("prompt", help="the prompt text")
     _add_model_args(gen)
-    gen.add_argument("--max-tokens", type=int, default=100, help="tokens to generate (default: 100)")
-    gen.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: 0.8)")
-    gen.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default: 0.95)")
+    gen.add_argument("--max-tokens", type=positive_int, default=100, metavar="N",
+                     help="tokens to generate")
+    gen.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass")
     gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    gen.add_argument("--min-p", type=float, default=0.0,
-                     help="drop tokens below min_p * p_max (default: 0 = off)")
+    gen.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * p_max (0 = off)")
     gen.add_argument("--repetition-penalty", type=float, default=1.0,
-                     help="divide the logits of tokens already seen (default: 1 = off)")
-    gen.add_argument("--seed", type=int, default=None, help="same seed, same text")
-    gen.add_argument("--stop", action="append", default=[],
-                     help="stop string, repeatable (default: none)")
+                     help="divide the logits of tokens already seen (1 = off)")
+    gen.add_argument("--seed", type=int, default=None,
+                     help="same seed, same text (default: none, a fresh seed each run)")
+    gen.add_argument("--stop", action="append", default=[], help="stop string, repeatable")
     gen.add_argument("--speculative", choices=("draft", "lookup"), default=None,
-                     help="speculative decoding: 'draft' uses --draft-model, 'lookup' prompt n-grams")
-    gen.add_argument("--draft-model", default="bundled-draft",
-                     help="draft model for --speculative draft (default: bundled-draft)")
-    gen.add_argument("--num-draft", type=int, default=4, help="tokens drafted per step (default: 4)")
-    gen.add_argument("--stats", action="store_true", help="print TTFT and tokens/s to stderr")
+                     help="speculative decoding: draft uses --draft-model, lookup prompt n-grams "
+                          "(default: off)")
+    gen.add_argument("--draft-model", default="bundled-draft", help="draft model for --speculative draft")
+    gen.add_argument("--num-draft", type=positive_int, default=4, metavar="K",
+                     help="tokens drafted per step")
+    gen.add_argument("--stats", action="store_true",
+                     help="print time to first token, tokens generated and tokens/s to stderr")
 
-    info = sub.add_parser("info", help="architecture, parameters, weight and KV-cache memory")
+    info = sub.add_parser("info", help="architecture, parameters, weight and KV-cache memory",
+                          description="Describe a model from its config: architecture, parameter "
+                                      "count, weight memory per format and KV-cache memory.")
     _add_model_args(info)
-    bench = sub.add_parser("bench", help="measure the engine on reproducible synthetic workloads")
+    bench = sub.add_parser("bench", help="measure the engine on reproducible synthetic workloads",
+                           description="Run one benchmark workload, print its table and optionally "
+                                       "write the results as JSON (docs/benchmarks.md).")
     bench.add_argument("workload", choices=("batching", "prefix", "latency", "throughput",
                                             "speculative"),
                        help="batching: continuous vs static, paged vs contiguous (C8, C9); "
@@ -99,22 +100,26 @@ def build_parser() -> argparse.ArgumentParser:
                             "runner; --runner is ignored)")
     bench.add_argument("--peer", choices=("transformers",), default=None,
                        help="also run Hugging Face transformers generate on the same weights")
-    bench.add_argument("--requests", type=positive_int, default=None,
-                       help="requests (batching: 200, throughput: 256)")
-    bench.add_argument("--max-num-seqs", type=positive_int, default=None,
-                       help="concurrent sequences (batching: 16, throughput: 256)")
-    bench.add_argument("--prompt-tokens", type=int, default=512, help="prompt length (latency)")
-    bench.add_argument("--decode-tokens", type=int, default=128, help="tokens decoded (latency)")
-    bench.add_argument("--system-tokens", type=int, default=512, help="shared prefix length (prefix)")
+    bench.add_argument("--requests", type=positive_int, default=None, metavar="N",
+                       help="requests (default: batching 200, throughput 256)")
+    bench.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
+                       help="concurrent sequences (default: batching 16, throughput 256)")
+    bench.add_argument("--prompt-tokens", type=positive_int, default=512, metavar="N",
+                       help="prompt length (latency)")
+    bench.add_argument("--max-tokens", type=positive_int, default=128, metavar="N",
+                       help="tokens generated per request (latency, speculative)")
+    add_alias(bench, "--decode-tokens", "max_tokens", type=positive_int)
+    bench.add_argument("--system-tokens", type=positive_int, default=512, metavar="N",
+                       help="shared prefix length (prefix)")
     bench.add_argument("--speculative", choices=("draft", "lookup"), default="draft",
-                       help="drafter for the speculative workload (default: draft)")
+                       help="drafter for the speculative workload")
     bench.add_argument("--draft-model", default="bundled-draft", help="draft model (speculative)")
-    bench.add_argument("--num-draft", type=int, default=4, help="tokens drafted per step")
+    bench.add_argument("--num-draft", type=positive_int, default=4, metavar="K",
+                       help="tokens drafted per step (speculative)")
     bench.add_argument("--task", choices=("continue", "rewrite"), default="continue",
                        help="speculative prompts: continue a cue, or rewrite a given passage")
-    bench.add_argument("--max-tokens", type=int, default=128, help="tokens per prompt (speculative)")
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--json", default=None, help="also write the results as JSON to this file")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload")
+    add_json(bench, "the results")
     for module in FRONT_ENDS.values():
         module.add_parser(sub)
     return parser
@@ -138,7 +143,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"shared prefix {results.system_tokens} tokens: TTFT miss {results.ttft_miss_ms:.1f} ms, "
               f"hit {results.ttft_hit_ms:.1f} ms ({results.cached_tokens} tokens cached), "
               f"{results.speedup:.1f}x faster")
-    _write_json(args.json, bench.to_json(results))
+    write_json(args.json, bench.to_json(results))
     return 0
 
 
@@ -169,13 +174,13 @@ def _bench_shapes(args: argparse.Namespace) -> int:
     if args.workload == "speculative":
         from tinyinfer import bench
 
-        _write_json(args.json, bench.to_json(_bench_speculative(model, args)))
+        write_json(args.json, bench.to_json(_bench_speculative(model, args)))
         return 0
     if args.workload == "latency":
-        results = [bs.bench_latency(model, args.prompt_tokens, args.decode_tokens)]
+        results = [bs.bench_latency(model, args.prompt_tokens, args.max_tokens)]
         if peer is not None:
             results.append(bs.peer_latency(peer, model.config.vocab_size, args.prompt_tokens,
-                                           args.decode_tokens))
+                                           args.max_tokens))
         print(bs.latency_table(results))
     else:
         workload = bs.offline_workload(256 if args.requests is None else args.requests, model.config.vocab_size, seed=args.seed)
@@ -183,7 +188,7 @@ def _bench_shapes(args: argparse.Namespace) -> int:
         if peer is not None:
             results.append(bs.peer_throughput(peer, workload))
         print(bs.throughput_table(results))
-    _write_json(args.json, json.dumps([bs.as_dict(r) for r in results], indent=2))
+    write_json(args.json, json.dumps([bs.as_dict(r) for r in results], indent=2))
     return 0
 
 
@@ -213,12 +218,6 @@ def _default_dtype(device: str) -> str:
     return "bfloat16" if device.startswith("cuda") else "float32"
 
 
-def _write_json(path: str | None, text: str) -> None:
-    if path:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     import tinyinfer
 
@@ -229,28 +228,31 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     model = load_model(args)
     engine = tinyinfer.Engine(model, drafter=make_drafter(args), num_draft=args.num_draft)
-    start = time.perf_counter()
-    first = None
-    pieces = 0
-    pieces_out = engine.stream(args.prompt, params)  # a bad prompt fails here, before any output
+    request_id = engine.add_request(args.prompt, params)  # a bad prompt fails here, before any output
     sys.stdout.write(args.prompt)
-    sys.stdout.flush()
-    for piece in pieces_out:
-        first = first or time.perf_counter()
-        pieces += 1
-        sys.stdout.write(piece)
+    while engine.completion(request_id).finish_reason is None:
+        engine.step()
+        sys.stdout.write(engine.stream_text(request_id))
         sys.stdout.flush()
-    sys.stdout.write("\n")
-    if args.stats and first is not None:
-        end = time.perf_counter()
-        print(f"[{model.name} on {model.runner.name}] time to first token {1e3 * (first - start):.0f} ms, "
-              f"{pieces} text pieces in {end - start:.2f} s", file=sys.stderr)
+    sys.stdout.write(engine.stream_text(request_id) + "\n")  # the tail held back for --stop
+    done = engine.release(request_id)
+    if args.stats:
+        print(f"[{model.name} on {model.runner.name}] {generation_stats(done)}", file=sys.stderr)
         if engine.drafter is not None:
             s = engine.spec_stats
             print(f"[speculative {engine.drafter.name}] acceptance {100 * s.acceptance_rate:.0f}%, "
                   f"{s.mean_accepted:.2f} accepted per step, {s.forwards_saved} target forwards saved",
                   file=sys.stderr)
     return 0
+
+
+def generation_stats(done) -> str:
+    """Time to first token, tokens generated and the decode rate of a finished completion."""
+    m, tokens = done.metrics, len(done.token_ids)
+    text = f"time to first token {1e3 * m.ttft:.0f} ms, {tokens} tokens generated"
+    if tokens > 1:
+        text += f", {(tokens - 1) / (m.finished - m.first_token):.1f} tokens/s after the first"
+    return text
 
 
 def make_drafter(args: argparse.Namespace):
@@ -344,15 +346,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except TinyInferError as exc:
-        print(f"tinyinfer: error: {exc}", file=sys.stderr)
-        return 2
-    except ModuleNotFoundError as exc:
+    except TinyInferError as exc:  # bad input: a flag's value, a model folder, a prompt
+        return fail(str(exc))
+    except OSError as exc:  # a file named on the command line cannot be read or written
+        return fail(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
+    except ModuleNotFoundError as exc:  # an optional package this command needs
         missing = missing_package(exc)
         if missing is None:
             raise
-        print(f"tinyinfer: error: {missing}", file=sys.stderr)
-        return 2
+        return fail(str(missing))
     except KeyboardInterrupt:
         return 130
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
+
+from tinyinfer.cli_common import fail
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -25,10 +26,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Carry out `tinyinfer lesson ACTION ...`; returns the exit status."""
     missing = getattr(args, "lesson_missing", None)
-    if missing is not None:
-        print(f"tinyinfer lesson: the course is not installed with this tinyinfer ({missing}); "
-              "install tinyinfer from a checkout with `pip install -e .`", file=sys.stderr)
-        return 2
+    if missing is not None:  # not the user's input: the installation lacks the course
+        return fail(f"the course is not installed with this tinyinfer ({missing}); install "
+                    "tinyinfer from a checkout with `pip install -e .`", status=1)
     from lessons.course import run_command
 
     return run_command(args)

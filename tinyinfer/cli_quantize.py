@@ -1,4 +1,4 @@
-"""`tinyinfer quantize MODEL --bits 8|4 -o OUT`: write a quantized checkpoint that `tinyinfer.load` reads."""
+"""`tinyinfer quantize --model MODEL --bits 8|4 -o OUT`: write a quantized checkpoint that `tinyinfer.load` reads."""
 
 from __future__ import annotations
 
@@ -20,14 +20,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "quantize", help="write an int8 / int4 weight-only quantized copy of a model",
         description="Quantize every linear layer's weight (embeddings and norms stay in floating "
                     "point) and write a checkpoint folder that tinyinfer loads like any other.")
-    parser.add_argument("model", help="'bundled', 'bundled-draft' or a Hugging Face model folder")
+    parser.add_argument("--model", default=None,
+                        help="'bundled', 'bundled-draft' or a Hugging Face model folder (required)")
+    # the model's old place, a positional argument: kept working, hidden from --help
+    parser.add_argument("model", nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument("--bits", type=int, required=True, choices=(8, 4),
                         help="8 = int8 per output channel; 4 = int4 in groups")
     parser.add_argument("--group-size", type=int, default=None,
-                        help="int4 only: inputs sharing one scale, 32, 64 or 128 (default: 128)")
+                        help="inputs sharing one scale, 32, 64 or 128 (default: 128 for int4; "
+                             "int8 has one scale per output channel)")
     parser.add_argument("--asymmetric", action="store_true",
                         help="int4 only: give each group a zero point as well as a scale")
-    parser.add_argument("-o", "--output", required=True, help="folder to write (must not exist or be empty)")
+    parser.add_argument("-o", "--output", required=True, metavar="FOLDER",
+                        help="folder to write (must not exist or be empty)")
     return parser
 
 
@@ -43,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     from tinyinfer.loading import resolve_source
     from tinyinfer.weights import load_weights
 
+    if args.model is None:
+        raise TinyInferError("quantize needs --model: 'bundled', 'bundled-draft' or a model folder")
     qconfig = quant_config_from_args(args)
     source, name = resolve_source(args.model)
     out = Path(args.output).expanduser()

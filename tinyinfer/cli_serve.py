@@ -17,20 +17,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "/v1/models, /health, /metrics. Ctrl-C finishes or aborts in-flight requests.")
     _add_model_args(parser)
     parser.add_argument("--host", default="127.0.0.1",
-                        help="address to bind (default: 127.0.0.1, this machine only)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
+                        help="address to bind, 127.0.0.1: this machine only")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port")
     parser.add_argument("--served-model-name", default=None,
                         help="the name clients pass as `model` (default: the model's name)")
     parser.add_argument("--max-num-seqs", type=int, default=16,
-                        help="sequences decoded together in one batch (default: 16)")
+                        help="sequences decoded together in one batch")
     parser.add_argument("--max-queue", type=int, default=64,
-                        help="sequences allowed to wait beyond the batch before 429 (default: 64)")
+                        help="sequences allowed to wait beyond the batch before 429")
     parser.add_argument("--request-timeout", type=float, default=300.0,
-                        help="seconds a request may run before it is stopped with 504 (default: 300)")
+                        help="seconds a request may run before it is stopped with 504")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
-                        help="seconds in-flight requests get to finish on shutdown (default: 10)")
+                        help="seconds in-flight requests get to finish on shutdown")
     parser.add_argument("--log-level", default="info",
-                        choices=("critical", "error", "warning", "info", "debug"))
+                        choices=("critical", "error", "warning", "info", "debug"),
+                        help="how much the server logs")
     return parser
 
 

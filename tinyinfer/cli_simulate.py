@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any, Sequence
 
+from tinyinfer.cli_common import add_alias, add_json, positive_int, write_json
 from tinyinfer.simulate import (
     ASSUMPTIONS, HARDWARE, KV_PRECISIONS, MODEL_CONFIGS, WEIGHT_PRECISIONS, Efficiency, Scenario,
     Simulation, SimulationError, model_preset, parameter_counts, simulate, sweep,
@@ -23,19 +24,29 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "simulate", help="predict memory, latency, throughput and cost of a model on hardware",
         description="Roofline cost model: every number comes with the formula that produced it. "
                     "Presets: --list. Assumptions: docs/simulator.md.")
-    p.add_argument("--model", default="llama-3-8b", help="model preset or a folder with config.json "
-                                                         "(default: llama-3-8b)")
-    p.add_argument("--hardware", default="h100", help="hardware preset (default: h100)")
+    p.add_argument("--model", default="llama-3-8b", help="model preset or a folder with config.json")
+    p.add_argument("--hardware", default="h100", help="hardware preset")
     p.add_argument("--weights", default="bf16", choices=tuple(WEIGHT_PRECISIONS), help="weight precision")
     p.add_argument("--kv", default="bf16", choices=tuple(KV_PRECISIONS), help="KV cache precision")
-    p.add_argument("--batch", type=int, default=1, help="concurrent sequences (default: 1)")
-    p.add_argument("--prompt", type=int, default=1024, help="prompt tokens (default: 1024)")
-    p.add_argument("--output", type=int, default=256, help="output tokens (default: 256)")
-    p.add_argument("--context", type=int, default=None,
-                   help="total tokens per sequence; sets the prompt to context - output")
-    p.add_argument("--gpus", type=int, default=1, help="tensor-parallel devices (default: 1)")
-    p.add_argument("--spec-k", type=int, default=0, help="speculative draft tokens per step (0: off)")
-    p.add_argument("--acceptance", type=float, default=0.7, help="draft acceptance rate (default: 0.7)")
+    p.add_argument("--max-num-seqs", type=positive_int, default=1, metavar="N",
+                   help="concurrent sequences (the batch)")
+    add_alias(p, "--batch", "max_num_seqs", type=positive_int)
+    p.add_argument("--prompt-tokens", type=positive_int, default=1024, metavar="N",
+                   help="prompt tokens per sequence")
+    add_alias(p, "--prompt", "prompt_tokens", type=positive_int)
+    p.add_argument("--max-tokens", type=positive_int, default=256, metavar="N",
+                   help="tokens generated per sequence")
+    add_alias(p, "--output", "max_tokens", type=positive_int)
+    p.add_argument("--context", type=positive_int, default=None, metavar="N",
+                   help="total tokens per sequence; sets the prompt to context - max tokens "
+                        "(default: none, --prompt-tokens)")
+    p.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
+                   help="devices the model is split over")
+    add_alias(p, "--gpus", "tensor_parallel", type=positive_int)
+    p.add_argument("--num-draft", type=int, default=0, metavar="K",
+                   help="speculative draft tokens per step (0 = off)")
+    add_alias(p, "--spec-k", "num_draft", type=int)
+    p.add_argument("--acceptance", type=float, default=0.7, help="draft acceptance rate")
     p.add_argument("--draft-model", default=None, help="draft model preset (default: free drafts, "
                                                        "as with prompt lookup)")
     p.add_argument("--price", type=float, default=None, help="$ per device-hour (default: the preset's)")
@@ -43,31 +54,32 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--api-price", type=float, default=None,
                    help="an API's $ per million tokens, for the break-even utilization (C20)")
     p.add_argument("--compute-efficiency", type=float, default=Efficiency.compute,
-                   help=f"share of peak FLOP/s reached (default: {Efficiency.compute})")
+                   help="share of peak FLOP/s reached")
     p.add_argument("--attention-efficiency", type=float, default=Efficiency.attention,
-                   help=f"share of peak FLOP/s prefill attention reaches (default: {Efficiency.attention})")
+                   help="share of peak FLOP/s prefill attention reaches")
     p.add_argument("--bandwidth-efficiency", type=float, default=Efficiency.bandwidth,
-                   help=f"share of peak bandwidth reached (default: {Efficiency.bandwidth})")
-    p.add_argument("--step-overhead-ms", type=float, default=0.0, help="fixed host cost per step (0)")
+                   help="share of peak bandwidth reached")
+    p.add_argument("--step-overhead-ms", type=float, default=0.0, help="fixed host cost per step")
     p.add_argument("--prefill-seq-overhead-ms", type=float, default=0.0,
-                   help="host cost per prompt in a prefill step (0)")
+                   help="host cost per prompt in a prefill step")
     p.add_argument("--sample-ns", type=float, default=0.0,
                    help="host sampling cost per vocabulary entry per sequence, in ns (0: sampled on the GPU)")
     p.add_argument("--all-reduce-wait-us", type=float, default=0.0,
                    help="what each all-reduce adds beyond the wire, per all-reduce of the step, in µs "
                         "(0: an ideal engine)")
     p.add_argument("--collective-overhead-us", type=float, default=0.0,
-                   help="time a sharded step spends per all-reduce outside it, in µs (0)")
-    p.add_argument("--group-size", type=int, default=128, help="int4 weights per scale (default: 128)")
+                   help="time a sharded step spends per all-reduce outside it, in µs")
+    p.add_argument("--group-size", type=positive_int, default=128, help="int4 weights per scale")
     p.add_argument("--explain", action="append", default=[], metavar="NAME",
                    help="show how a number was derived, e.g. tpot or kv_per_sequence ('all': every row)")
     p.add_argument("--sweep", choices=("batch",), default=None,
-                   help="plot throughput and latency against batch size")
+                   help="plot throughput and latency against batch size (--max-num-seqs) "
+                        "(default: none, one table)")
     p.add_argument("--values", default=None, help="comma-separated sweep values (default: 1,2,4..512)")
     p.add_argument("--list", action="store_true", help="list model and hardware presets")
     p.add_argument("--tui", action="store_true",
                    help="turn the knobs in a terminal UI (starts from these flags)")
-    p.add_argument("--json", action="store_true", help="print every number with its derivation as JSON")
+    add_json(p, "every number with its derivation", nargs="?", const="-")  # bare --json: stdout, as before
     p.add_argument("--calibrate", nargs="?", const="", default=None, metavar="RECORDED_JSON",
                    help="measure this device and the engine on it, fit efficiencies, compare; with a "
                         "JSON file of scripts/tp_gpu_check.py, fit the link and the engine's "
@@ -106,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     sim = simulate(scenario)
     if args.json:
-        print(json.dumps({q.name: q.to_dict() for _, q in sim.rows()} | {"notes": list(sim.notes)}, indent=1))
+        write_json(args.json, json.dumps({q.name: q.to_dict() for _, q in sim.rows()}
+                                         | {"notes": list(sim.notes)}, indent=1))
         return 0
     names = [q.name for _, q in sim.rows()] if "all" in args.explain else args.explain
     explained = [sim.quantity(name).explain() for name in names]  # unknown names fail first
@@ -120,18 +133,18 @@ def run(args: argparse.Namespace) -> int:
 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
     """The Scenario the command-line flags describe."""
-    prompt = args.prompt
+    prompt = args.prompt_tokens
     if args.context is not None:
-        prompt = args.context - args.output
+        prompt = args.context - args.max_tokens
         if prompt < 1:
-            raise SimulationError(f"--context {args.context} leaves no prompt after --output "
-                                  f"{args.output}: raise the context or lower the output")
+            raise SimulationError(f"--context {args.context} leaves no prompt after --max-tokens "
+                                  f"{args.max_tokens}: raise the context or lower the max tokens")
     efficiency = Efficiency(args.compute_efficiency, args.attention_efficiency, args.bandwidth_efficiency,
                             args.step_overhead_ms / 1e3, args.prefill_seq_overhead_ms / 1e3, args.sample_ns / 1e9,
                             args.all_reduce_wait_us / 1e6, args.collective_overhead_us / 1e6)
     return Scenario.of(args.model, args.hardware, weight_precision=args.weights, kv_precision=args.kv,
-                       batch=args.batch, prompt_tokens=prompt, output_tokens=args.output,
-                       num_gpus=args.gpus, spec_k=args.spec_k, spec_acceptance=args.acceptance,
+                       batch=args.max_num_seqs, prompt_tokens=prompt, output_tokens=args.max_tokens,
+                       num_gpus=args.tensor_parallel, spec_k=args.num_draft, spec_acceptance=args.acceptance,
                        draft_model=args.draft_model, efficiency=efficiency, price_per_hour=args.price,
                        utilization=args.utilization, api_price_per_million=args.api_price,
                        group_size=args.group_size)
@@ -141,7 +154,7 @@ def _parse_values(text: str) -> list[int]:
     try:
         return [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise SimulationError(f"--values takes comma-separated integers, e.g. 1,8,64; got {text!r}") from None
+        raise SimulationError(f"--values takes comma-separated integers, e.g. 1,8,64; got {text}") from None
 
 
 def _header(s: Scenario, with_batch: bool = True) -> str:

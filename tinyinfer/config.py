@@ -97,7 +97,7 @@ class ModelConfig:
                      "head_dim", "intermediate_size", "max_position_embeddings"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"config field {name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"config field {name} must be a positive integer, got {value}")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"num_attention_heads ({self.num_heads}) must be a multiple of "
@@ -131,11 +131,11 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> ModelConfig
             config = _llama_config(raw)
         else:
             raise ConfigError(
-                f"{source}: model_type {model_type!r} is not supported; "
+                f"{source}: model_type {model_type} is not supported; "
                 f"supported: gpt2, {', '.join(LLAMA_LIKE)} and Llama-shaped models"
             )
     except KeyError as exc:
-        raise ConfigError(f"{source}: missing field {exc.args[0]!r}") from exc
+        raise ConfigError(f"{source}: missing field {exc.args[0]}") from exc
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: a field has the wrong type: {exc}") from exc
     config.validate()
@@ -165,7 +165,7 @@ def _gpt2_config(raw: dict[str, Any]) -> ModelConfig:
     heads = int(raw["n_head"])
     act = raw.get("activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
-        raise ConfigError(f"GPT-2 activation {act!r} is not supported (expected gelu_new)")
+        raise ConfigError(f"GPT-2 activation {act} is not supported (expected gelu_new)")
     return ModelConfig(
         family="gpt2",
         model_type="gpt2",
@@ -207,7 +207,7 @@ def _rope_fields(raw: dict[str, Any]) -> tuple[float, RopeScaling | None]:
             high_freq_factor=float(merged["high_freq_factor"]),
             original_max_position_embeddings=int(merged["original_max_position_embeddings"]),
         )
-    raise ConfigError(f"RoPE scaling type {kind!r} is not supported (default, linear, llama3 are)")
+    raise ConfigError(f"RoPE scaling type {kind} is not supported (default, linear, llama3 are)")
 
 
 def _llama_config(raw: dict[str, Any]) -> ModelConfig:
@@ -215,7 +215,7 @@ def _llama_config(raw: dict[str, Any]) -> ModelConfig:
     heads = int(raw["num_attention_heads"])
     act = raw.get("hidden_act", "silu")
     if act != "silu":
-        raise ConfigError(f"activation {act!r} is not supported for Llama-family models (silu is)")
+        raise ConfigError(f"activation {act} is not supported for Llama-family models (silu is)")
     theta, scaling = _rope_fields(raw)
     model_type = str(raw.get("model_type") or "llama")
     attention_bias = bool(raw.get("attention_bias", False))

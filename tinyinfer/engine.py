@@ -93,7 +93,7 @@ class Engine:
                  seed: int = 0, detail: str = "basic", drafter: Drafter | None = None,
                  num_draft: int = 4):
         if detail not in DETAIL_LEVELS:
-            raise TinyInferError(f"detail must be one of {DETAIL_LEVELS}, not {detail!r}")
+            raise TinyInferError(f"detail must be one of {DETAIL_LEVELS}, not {detail}")
         self.model = model
         self.detail = detail
         self.drafter = drafter
@@ -143,7 +143,7 @@ class Engine:
         seq_id = next(self._seq_ids)
         request_id = request_id or f"req-{seq_id}"
         if request_id in self._requests:
-            raise TinyInferError(f"request id {request_id!r} is already in use")
+            raise TinyInferError(f"request id {request_id} is already in use")
         rng = np.random.default_rng(params.seed if params.seed is not None
                                     else self._rng.integers(2**63))
         seq = Sequence(seq_id, request_id, prompt_ids, params, rng)
@@ -172,7 +172,7 @@ class Engine:
         """Stop a request now and free its pages."""
         request = self._requests.get(request_id)
         if request is None:
-            raise TinyInferError(f"no request with id {request_id!r}")
+            raise TinyInferError(f"no request with id {request_id}")
         if request.seq.finish_reason is None:
             self._finish(request.seq, "abort")
 
@@ -197,7 +197,7 @@ class Engine:
         """Return a finished request's completion and forget it."""
         completion = self.completion(request_id)
         if completion.finish_reason is None:
-            raise TinyInferError(f"request {request_id!r} has not finished; abort it first")
+            raise TinyInferError(f"request {request_id} has not finished; abort it first")
         del self._requests[request_id]
         return completion
 

@@ -104,7 +104,7 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
     weights as they load; a folder written by ``tinyinfer quantize`` loads quantized as saved.
     """
     if runner not in RUNNERS:
-        raise TinyInferError(f"runner must be one of {RUNNERS}, got {runner!r}")
+        raise TinyInferError(f"runner must be one of {RUNNERS}, got {runner}")
     path, name = resolve_source(source)
     config = load_config(path)
     weights, quantization = _load_weights(path, config, quantize, lazy=runner == "torch")
@@ -112,7 +112,7 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
         from tinyinfer.model.numpy_ref import NumpyRunner
 
         if device not in (None, "cpu"):
-            raise TinyInferError("the NumPy runner runs on the CPU only; use runner='torch' for GPUs")
+            raise TinyInferError("the NumPy runner runs on the CPU only; use the torch runner for GPUs")
         model_runner: ModelRunner = NumpyRunner(config, weights, dtype=dtype or "float32")
     else:
         try:

@@ -54,13 +54,13 @@ class QuantConfig:
 
     def __post_init__(self) -> None:
         if self.bits not in BITS:
-            raise QuantizationError(f"bits must be 8 or 4, got {self.bits!r}")
+            raise QuantizationError(f"bits must be 8 or 4, got {self.bits}")
         if self.bits == 8 and (self.group_size is not None or not self.symmetric):
             raise QuantizationError("int8 is per-output-channel and symmetric: drop the group size "
                                     "and --asymmetric, or use --bits 4")
         if self.bits == 4 and self.group_size not in GROUP_SIZES:
             raise QuantizationError(f"int4 group size must be one of {GROUP_SIZES}, "
-                                    f"got {self.group_size!r}")
+                                    f"got {self.group_size}")
 
     @property
     def name(self) -> str:
@@ -83,7 +83,7 @@ class QuantConfig:
                 return cls(bits=4, group_size=group, symmetric=len(parts) < 3)
         except ValueError:
             pass
-        raise QuantizationError(f"unknown quantization {name!r}: use int8, int4, int4-g32, int4-g64, "
+        raise QuantizationError(f"unknown quantization {name}: use int8, int4, int4-g32, int4-g64, "
                                 "int4-g128, optionally with -asym for int4 (e.g. int4-g64-asym)")
 
     @property
@@ -268,7 +268,7 @@ def save_quantized(folder: str | Path, weights: dict[str, np.ndarray | Quantized
     ``name.zeros``; other arrays as ``name`` in `float_dtype`: float32, float16 or bfloat16.
     """
     if float_dtype not in ("float32", "float16", "bfloat16"):
-        raise QuantizationError(f"float_dtype must be float32, float16 or bfloat16, got {float_dtype!r}")
+        raise QuantizationError(f"float_dtype must be float32, float16 or bfloat16, got {float_dtype}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, np.ndarray | Bf16Array] = {}
@@ -318,10 +318,10 @@ def load_quantized(folder: str | Path, model: ModelConfig
 
     def take(name: str, shape: tuple[int, ...], dtype: type | None = None) -> np.ndarray:
         if name not in tensors:
-            raise CheckpointError(f"tensor {name!r} is missing from the quantized checkpoint in {folder}")
+            raise CheckpointError(f"tensor {name} is missing from the quantized checkpoint in {folder}")
         value = tensors[name]
         if value.shape != shape or (dtype is not None and value.dtype != dtype):
-            raise CheckpointError(f"tensor {name!r} in {folder} is {value.dtype}{list(value.shape)}, "
+            raise CheckpointError(f"tensor {name} in {folder} is {value.dtype}{list(value.shape)}, "
                                   f"expected {np.dtype(dtype or value.dtype)}{list(shape)}: "
                                   "re-run tinyinfer quantize")
         used.add(name)

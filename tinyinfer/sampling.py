@@ -25,7 +25,8 @@ _TOP_P_SLACK = 1e-12
 
 def _fail(name: str, value: object, valid: str) -> SamplingParamsError:
     """Build the error for one bad parameter: its name, the bad value and the valid range."""
-    return SamplingParamsError(f"{name}={value!r} is invalid: {name} must be {valid}.")
+    got = value if isinstance(value, (int, float)) else f"{type(value).__name__} {value}"
+    return SamplingParamsError(f"{name} must be {valid} (got {got})")
 
 
 def _is_int(value: object) -> bool:

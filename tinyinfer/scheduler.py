@@ -97,10 +97,10 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.batching not in ("continuous", "static"):
-            raise TinyInferError(f"batching must be 'continuous' or 'static', not {self.batching!r}")
+            raise TinyInferError(f"batching must be 'continuous' or 'static', not {self.batching}")
         if self.kv_allocation not in ("paged", "contiguous"):
             raise TinyInferError(
-                f"kv_allocation must be 'paged' or 'contiguous', not {self.kv_allocation!r}")
+                f"kv_allocation must be 'paged' or 'contiguous', not {self.kv_allocation}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise TinyInferError("max_num_seqs and max_num_batched_tokens must be at least 1")
 

@@ -122,7 +122,7 @@ class Scenario:
         for precision, table in ((self.weight_precision, WEIGHT_PRECISIONS),
                                  (self.kv_precision, KV_PRECISIONS)):
             if precision not in table:
-                raise SimulationError(f"unknown precision {precision!r}: use one of {', '.join(table)}")
+                raise SimulationError(f"unknown precision {precision}: use one of {', '.join(table)}")
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ class Simulation:
             if q.name == name:
                 return q
         names = ", ".join(q.name for _, q in self.rows())
-        raise SimulationError(f"no quantity named {name!r}; choose one of {names}")
+        raise SimulationError(f"no quantity named {name}; choose one of {names}")
 
 
 def simulate(s: Scenario) -> Simulation:
@@ -316,5 +316,5 @@ def sweep(scenario: Scenario, knob: str, values: Iterable[int | float]) -> list[
     """Simulate the same scenario with one knob (e.g. 'batch') set to each value."""
     fields = {f.name for f in dataclasses.fields(Scenario)}
     if knob not in fields:
-        raise SimulationError(f"cannot sweep {knob!r}: choose one of {', '.join(sorted(fields))}")
+        raise SimulationError(f"cannot sweep {knob}: choose one of {', '.join(sorted(fields))}")
     return [simulate(dataclasses.replace(scenario, **{knob: v})) for v in values]

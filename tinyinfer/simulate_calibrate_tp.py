@@ -150,7 +150,7 @@ def hardware_named(device: str) -> Hardware:
     for marker, preset in DEVICE_PRESETS.items():
         if re.search(rf"\b{marker}\b", device):
             return HARDWARE[preset]
-    raise SimulationError(f"no hardware preset for {device!r}: calibrate on one of {', '.join(DEVICE_PRESETS)}")
+    raise SimulationError(f"no hardware preset for {device}: calibrate on one of {', '.join(DEVICE_PRESETS)}")
 
 
 def fit_link(hardware: Hardware, recorded: Recorded) -> Hardware:

@@ -24,7 +24,7 @@ def bytes_per_weight(precision: str, group_size: int = 128, zero_points: bool = 
     groups are ``group_size`` inputs; asymmetric int4 adds a 4-bit zero point per group.
     """
     if precision not in WEIGHT_PRECISIONS:
-        raise SimulationError(f"unknown weight precision {precision!r}: use one of "
+        raise SimulationError(f"unknown weight precision {precision}: use one of "
                               f"{', '.join(WEIGHT_PRECISIONS)}")
     bits = given("bits", WEIGHT_PRECISIONS[precision], "bits", note=precision)
     if not precision.startswith("int"):
@@ -130,7 +130,7 @@ def weight_memory_table(model: ModelSpec | ModelConfig, group_size: int = 128) -
 def kv_bytes_per_token(config: ModelConfig, precision: str = "bf16") -> Quantity:
     """K and V of one token across all layers: 2 × layers × KV heads × head dim × bytes."""
     if precision not in KV_PRECISIONS:
-        raise SimulationError(f"unknown KV precision {precision!r}: use one of {', '.join(KV_PRECISIONS)}")
+        raise SimulationError(f"unknown KV precision {precision}: use one of {', '.join(KV_PRECISIONS)}")
     return derive("kv_bytes_per_token", "B", "2 * layers * kv_heads * head_dim * kv_bytes",
                   note="K and V, every layer",
                   layers=config.num_layers, kv_heads=config.num_kv_heads, head_dim=config.head_dim,

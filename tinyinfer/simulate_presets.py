@@ -195,7 +195,7 @@ def model_preset(name: str) -> ModelSpec:
         return model_from_hf(key, raw, title, repo)
     if Path(name).expanduser().is_dir():
         return model_from_folder(name)
-    raise SimulationError(f"unknown model {name!r}: use one of {', '.join(MODEL_CONFIGS)} "
+    raise SimulationError(f"unknown model {name}: use one of {', '.join(MODEL_CONFIGS)} "
                           "or a folder with a Hugging Face config.json")
 
 
@@ -203,6 +203,6 @@ def hardware_preset(name: str) -> Hardware:
     """A hardware preset by name or alias (h100, a100, 4090, cpu, ...)."""
     key = HARDWARE_ALIASES.get(name.lower(), name.lower())
     if key not in HARDWARE:
-        raise SimulationError(f"unknown hardware {name!r}: use one of {', '.join(HARDWARE)} "
+        raise SimulationError(f"unknown hardware {name}: use one of {', '.join(HARDWARE)} "
                               f"(aliases: {', '.join(HARDWARE_ALIASES)})")
     return HARDWARE[key]

@@ -97,7 +97,7 @@ def _spec(config: ModelConfig, path: Path | None, world: int, device: str | None
           options: dict[str, Any], seed: int = 0) -> LaunchSpec:
     """Check that ``world`` ranks fit this model and machine, and describe the launch."""
     if device is not None and ":" in device:
-        raise TinyInferError(f"pass device='cuda' rather than {device!r}: rank r runs on cuda:r")
+        raise TinyInferError(f"pass device cuda rather than {device}: rank r runs on cuda:r")
     device_type = pick_device(device).type
     gpu_count = torch.cuda.device_count() if device_type == "cuda" else 0
     check_tensor_parallel(config, world, device_type, gpu_count)

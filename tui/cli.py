@@ -6,24 +6,23 @@ import argparse
 import sys
 from pathlib import Path
 
+from tinyinfer.cli_common import Parser, fail, positive_int
 from tinyinfer.errors import TinyInferError
 
+from tui.options import Options
 from tui.scenarios import SCENARIOS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the `tui` command to a subparsers group and return its parser."""
-    from tinyinfer.cli import positive_int  # here, not at the top: tinyinfer.cli imports this module
-
     scenarios = "; ".join(f"{s.name}: {s.title}" for s in SCENARIOS.values())
     parser = subparsers.add_parser(
         "tui", help="step through a real inference run in the terminal (guided walkthrough)",
         description="Watch a real model run one engine step at a time: tokens, prefill and decode, "
                     "KV pages, sampling and attention, with a narrated walkthrough. Press ? inside.")
     parser.add_argument("--scenario", choices=tuple(SCENARIOS), default="single",
-                        help=f"classroom demo to run ({scenarios}); default: single")
-    parser.add_argument("--model", default="bundled",
-                        help="'bundled' or a Hugging Face model folder (default: bundled)")
+                        help=f"classroom demo to run ({scenarios})")
+    parser.add_argument("--model", default="bundled", help="'bundled' or a Hugging Face model folder")
     parser.add_argument("--runner", choices=("numpy", "torch"), default=None,
                         help="numpy = reference (records attention), torch = fast path "
                              "(default: numpy; torch with --tensor-parallel)")
@@ -32,13 +31,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                              "unless given)")
     parser.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
                         help="split the model over N processes and show which rank owns which "
-                             "heads and pages (torch runner; default: 1)")
-    parser.add_argument("--speculative", action="store_true",
-                        help="start with speculative decoding on (d switches it inside)")
+                             "heads and pages (torch runner)")
+    parser.add_argument("--speculative", choices=("draft", "lookup"), nargs="?", const="auto",
+                        default=None,
+                        help="start with speculative decoding on: draft uses --draft-model, lookup "
+                             "prompt n-grams; with no value, a draft model if there is one, else "
+                             "lookup (d switches it inside) (default: off, unless the scenario has it)")
     parser.add_argument("--draft-model", default=None,
                         help="draft model for speculative decoding (default: bundled-draft with the "
                              "bundled model, else prompt lookup, which needs no second model)")
-    parser.add_argument("--num-draft", type=int, default=4, help="tokens drafted per step (default: 4)")
+    parser.add_argument("--num-draft", type=positive_int, default=4, metavar="K",
+                        help="tokens drafted per step")
     parser.add_argument("--quantize", default=None, metavar="FORMAT",
                         help="load the weights quantized: int8, int4, int4-g64, int4-g32-asym, ... "
                              "(shows the Quantization panel; m switches precision inside)")
@@ -46,30 +49,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="replay a recorded trace (JSON lines) without loading a model")
     parser.add_argument("--record", type=Path, default=None, metavar="FILE",
                         help="write every step's trace to FILE as JSON lines (for --replay)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--free", action="store_true", help="start in free mode, without narration")
     parser.add_argument("--no-timings", action="store_true",
                         help="hide wall-clock times (for identical screens run to run)")
     return parser
 
 
+def options_from_args(args: argparse.Namespace) -> Options:
+    """The launch settings the parsed command line asks for."""
+    return Options(model=args.model, runner=args.runner or ("torch" if args.tensor_parallel > 1 else "numpy"),
+                   device=args.device, tensor_parallel=args.tensor_parallel, scenario=args.scenario,
+                   speculative=args.speculative is not None,
+                   drafter=None if args.speculative == "auto" else args.speculative,
+                   draft_model=args.draft_model, num_draft=args.num_draft, quantize=args.quantize,
+                   replay=args.replay, record=args.record,
+                   seed=args.seed, walkthrough=not args.free, show_timings=not args.no_timings)
+
+
 def run(args: argparse.Namespace) -> int:
     """Start the TUI with parsed arguments; returns the exit status."""
     from tui.app import TinyInferApp
-    from tui.options import Options
     from tui.session import load_model
 
     if args.replay is not None and not args.replay.is_file():
-        print(f"tinyinfer tui: error: no trace file {args.replay}: record one with --record FILE",
-              file=sys.stderr)
-        return 2
-    runner = args.runner or ("torch" if args.tensor_parallel > 1 else "numpy")
-    options = Options(model=args.model, runner=runner, device=args.device,
-                      tensor_parallel=args.tensor_parallel, scenario=args.scenario,
-                      speculative=args.speculative, draft_model=args.draft_model,
-                      num_draft=args.num_draft, quantize=args.quantize,
-                      replay=args.replay, record=args.record,
-                      seed=args.seed, walkthrough=not args.free, show_timings=not args.no_timings)
+        return fail(f"no trace file {args.replay}: record one with --record FILE")
+    options = options_from_args(args)
     options.check()
     model = None
     if options.tensor_parallel > 1:  # worker processes cannot be started once Textual runs
@@ -86,10 +91,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m tui`: the same options as `tinyinfer tui`."""
-    parser = argparse.ArgumentParser(prog="python -m")  # so the command reads `python -m tui`
+    parser = Parser(prog="python -m")  # so the command reads `python -m tui`
     tui_parser = add_parser(parser.add_subparsers())
     try:
         return run(tui_parser.parse_args(argv))
     except TinyInferError as exc:
-        print(f"python -m tui: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(str(exc))

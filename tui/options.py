@@ -20,7 +20,8 @@ class Options:
     tensor_parallel: int = 1  # processes the model is split over (torch runner)
     scenario: str = "single"
     speculative: bool = False  # start with speculative decoding on (the speculative scenario does)
-    draft_model: str | None = None  # None: bundled-draft for the bundled model, else prompt lookup
+    drafter: str | None = None  # "draft", "lookup"; None: a draft model if there is one, else lookup
+    draft_model: str | None = None  # None: bundled-draft (with the bundled model, or drafter "draft")
     num_draft: int = 4
     quantize: str | None = None  # weight format to load with (int8, int4, ...); None: the scenario's
     replay: Path | None = None

@@ -280,11 +280,13 @@ def load_model(options: Options, quantize: str | None = None) -> tinyinfer.Model
 
 
 def speculation_for(options: Options, model: tinyinfer.Model, on: bool) -> Speculation:
-    """The drafter a run can switch on: a draft model if there is one, else prompt lookup."""
+    """The drafter a run can switch on: the one asked for, else a draft model if there is one,
+    else prompt lookup."""
     draft = options.draft_model
-    if draft is None and options.model == "bundled" and BUNDLED["bundled-draft"].is_dir():
+    if draft is None and (options.drafter == "draft" or options.model == "bundled"
+                          and BUNDLED["bundled-draft"].is_dir()):
         draft = "bundled-draft"
-    if draft is None:
+    if draft is None or options.drafter == "lookup":
         return Speculation(PromptLookupDrafter, "prompt lookup", options.num_draft, on)
     draft_model = tinyinfer.load(draft, runner=model.runner.name, device=options.device)
     return Speculation(lambda: DraftModelDrafter(draft_model), f"draft model {draft_model.name}",

@@ -116,7 +116,7 @@ class TorchRunner:
     def _pick_decode_attention(self, choice: str) -> str:
         """"triton" (the kernel) on CUDA where it applies, else "torch" (gather + mask)."""
         if choice not in DECODE_ATTENTION:
-            raise TinyInferError(f"decode_attention must be one of {DECODE_ATTENTION}, got {choice!r}")
+            raise TinyInferError(f"decode_attention must be one of {DECODE_ATTENTION}, got {choice}")
         usable = self.device.type == "cuda" and self.config.head_dim % 2 == 0
         if choice == "torch" or (choice == "auto" and not usable):
             return "torch"

@@ -54,7 +54,7 @@ WeightArray = np.ndarray | Bf16Array | Tensor
 def check_tensor_parallel(config: ModelConfig, world: int, device_type: str, gpu_count: int) -> None:
     """Raise TinyInferError unless ``world`` ranks can split this model on this machine."""
     if not isinstance(world, int) or world < 1:
-        raise TinyInferError(f"tensor_parallel must be a positive integer, got {world!r}")
+        raise TinyInferError(f"tensor_parallel must be a positive integer, got {world}")
     for what, count in (("attention heads", config.num_heads),
                         ("KV heads", config.num_kv_heads),
                         ("MLP intermediate size", config.intermediate_size)):

@@ -131,11 +131,11 @@ def pick_device(device: str | None) -> torch.device:
     try:
         chosen = torch.device(device)
     except RuntimeError as exc:
-        raise TinyInferError(f"unknown device {device!r}: use 'cpu' or 'cuda'") from exc
+        raise TinyInferError(f"unknown device {device}: use cpu or cuda") from exc
     if chosen.type not in ("cpu", "cuda"):
-        raise TinyInferError(f"device {device!r} is not supported: use 'cpu' or 'cuda'")
+        raise TinyInferError(f"device {device} is not supported: use cpu or cuda")
     if chosen.type == "cuda" and not torch.cuda.is_available():
-        raise TinyInferError("CUDA is not available on this machine: use device='cpu'")
+        raise TinyInferError("CUDA is not available on this machine: use device cpu")
     return chosen
 
 
@@ -144,7 +144,7 @@ def pick_dtype(dtype: str | None, on_cuda: bool) -> torch.dtype:
     if dtype is None:
         return torch.bfloat16 if on_cuda else torch.float32
     if dtype not in DTYPES:
-        raise TinyInferError(f"the torch runner computes in one of {tuple(DTYPES)}, not {dtype!r}")
+        raise TinyInferError(f"the torch runner computes in one of {tuple(DTYPES)}, not {dtype}")
     return DTYPES[dtype]
 
 

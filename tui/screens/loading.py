@@ -31,7 +31,7 @@ class LoadingScreen(Screen):
             return f"Reading the recorded trace {self.options.replay}"
         split = (f", split over {self.options.tensor_parallel} processes"
                  if self.options.tensor_parallel > 1 else "")
-        return f"Loading model {self.options.model!r} with the {self.options.runner} runner{split}"
+        return f"Loading model {self.options.model} with the {self.options.runner} runner{split}"
 
     def compose(self) -> ComposeResult:
         yield Static(self.what() + " …", id="loading-text")

@@ -152,9 +152,12 @@ def check(lesson: Lesson, path: Path) -> Report:
     return Report(title, str(path), tuple(checker.checks.run(module)))
 
 
-def run_experiment(lesson: Lesson, path: Path, quick: bool, model: str) -> None:
+def run_experiment(lesson: Lesson, path: Path, quick: bool, model: str, threads: int | None = None) -> None:
     """Run a lesson's experiment with the implementation at ``path`` plugged into the engine."""
+    from tinyinfer import threads as cpu_threads
+
     experiment = load_module(lesson.file("experiment.py"), module_name(lesson, "experiment"))
+    cpu_threads.use(threads)  # after the import: torch's pool too, for experiments that use it
     try:
         impl = load_module(path, module_name(lesson, f"impl_{_digest(path)[:8]}"))
     except LoadError as exc:
@@ -237,6 +240,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--solution", action="store_true", help="use the teacher's solution (for teachers)")
     p.add_argument("--model", default="bundled",
                    help="'bundled' or a Hugging Face Llama-family folder (default: bundled)")
+    from tinyinfer.cli import add_threads_arg
+
+    add_threads_arg(p)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -297,7 +303,7 @@ def _cmd_run(lesson: Lesson, args: argparse.Namespace) -> int:
     print(f"Lesson {lesson.title} -- experiment with {who} ({path})"
           + (" [quick]" if args.quick else ""))
     try:
-        run_experiment(lesson, path, args.quick, args.model)
+        run_experiment(lesson, path, args.quick, args.model, args.threads)
     except LessonError:
         raise
     except Exception as exc:

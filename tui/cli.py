@@ -13,7 +13,7 @@ from tui.scenarios import SCENARIOS
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the `tui` command to a subparsers group and return its parser."""
-    from tinyinfer.cli import positive_int  # here, not at the top: tinyinfer.cli imports this module
+    from tinyinfer.cli import add_threads_arg, positive_int  # here: tinyinfer.cli imports this module
 
     scenarios = "; ".join(f"{s.name}: {s.title}" for s in SCENARIOS.values())
     parser = subparsers.add_parser(
@@ -50,11 +50,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--free", action="store_true", help="start in free mode, without narration")
     parser.add_argument("--no-timings", action="store_true",
                         help="hide wall-clock times (for identical screens run to run)")
+    add_threads_arg(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """Start the TUI with parsed arguments; returns the exit status."""
+    from tinyinfer import progress
     from tui.app import TinyInferApp
     from tui.options import Options
     from tui.session import load_model
@@ -77,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         model = load_model(options)
     try:
-        TinyInferApp(options, model).run()
+        with progress.hidden():  # Textual owns the terminal: no bars drawn under it
+            TinyInferApp(options, model).run()
     finally:  # run() has returned, so no engine step is in flight
         if model is not None:
             model.runner.close()

@@ -21,7 +21,7 @@ from types import ModuleType
 
 from lessons.checking import Report, where_in_student_code
 from lessons.support import LessonError
-from tinyinfer.cli_common import Parser, fail
+from tinyinfer.cli_common import Parser, add_threads_arg, fail
 
 HERE = Path(__file__).parent
 DEFAULT_WORKSPACE = Path("tinyinfer-lessons")
@@ -153,9 +153,12 @@ def check(lesson: Lesson, path: Path) -> Report:
     return Report(title, str(path), tuple(checker.checks.run(module)))
 
 
-def run_experiment(lesson: Lesson, path: Path, quick: bool, model: str) -> None:
+def run_experiment(lesson: Lesson, path: Path, quick: bool, model: str, threads: int | None = None) -> None:
     """Run a lesson's experiment with the implementation at ``path`` plugged into the engine."""
+    from tinyinfer import threads as cpu_threads
+
     experiment = load_module(lesson.file("experiment.py"), module_name(lesson, "experiment"))
+    cpu_threads.use(threads)  # after the import: torch's pool too, for experiments that use it
     try:
         impl = load_module(path, module_name(lesson, f"impl_{_digest(path)[:8]}"))
     except LoadError as exc:
@@ -245,6 +248,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a smaller experiment (under a minute)")
     p.add_argument("--solution", action="store_true", help="use the teacher's solution (for teachers)")
     p.add_argument("--model", default="bundled", help="'bundled' or a Hugging Face Llama-family folder")
+    add_threads_arg(p)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -305,7 +309,7 @@ def _cmd_run(lesson: Lesson, args: argparse.Namespace) -> int:
     print(f"Lesson {lesson.title} -- experiment with {who} ({path})"
           + (" [quick]" if args.quick else ""))
     try:
-        run_experiment(lesson, path, args.quick, args.model)
+        run_experiment(lesson, path, args.quick, args.model, args.threads)
     except LessonError:
         raise
     except Exception as exc:

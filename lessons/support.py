@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,8 @@ import tinyinfer
 from tinyinfer.config import config_from_dict
 from tinyinfer.loading import BUNDLED, Model
 from tinyinfer.model.numpy_ref import NumpyRunner
+from tinyinfer.progress import track  # noqa: F401  (experiments count their loops with it)
+from tinyinfer.tables import table  # noqa: F401  (experiments print their results with it)
 
 DATA = Path(__file__).parent / "data"
 
@@ -66,23 +68,6 @@ def claim(claim_id: str, measured: str, agrees: bool | None, why: str = "") -> N
 def heading(text: str) -> None:
     """Print a section heading."""
     print(f"\n== {text} ==")
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Rows of values as right-aligned columns under their headers (first column left)."""
-    cells = [[str(h) for h in headers]] + [[_cell(v) for v in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    def line(r: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths), *map(line, cells[1:])])
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
 
 
 def human_bytes(n: float) -> str:

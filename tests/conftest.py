@@ -7,10 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from tinyinfer import threads
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# Test models are tiny: one thread avoids torch's thread-pool overhead, which dominates their
-# step time and explodes when the 2 cores are shared with other processes.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Test models are tiny, and the suite runs several engines in one process on shared cores: one
+# thread avoids the thread pools' overhead, which dominates their step time and explodes when
+# the cores are busy. Exported as OMP_NUM_THREADS, so torch (imported later) and subprocesses
+# start with one too.
+threads.use(1)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 # Each entry: (transformers class name, config class name, config kwargs). Sizes are tiny so

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
+
 import tinyinfer
 from tinyinfer import bench
+from tinyinfer import bench_shapes as bs
 
 
 def test_workload_is_reproducible_and_fits_the_context():
@@ -31,3 +37,63 @@ def test_prefix_hit_skips_the_cached_pages(oracle_model):
     folder, _ = oracle_model("llama-gqa-untied")
     result = bench.bench_prefix(tinyinfer.load(folder), system_tokens=100, repeats=1)
     assert result.cached_tokens == 96
+
+
+def cli(*args: str, python: str = "") -> subprocess.CompletedProcess:
+    """`tinyinfer ARGS` in a fresh interpreter, after running ``python`` in it."""
+    code = f"import sys\n{python}\nfrom tinyinfer.cli import main\nsys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def table_cells(text: str) -> list[list[str]]:
+    """A table's lines split where columns meet (two or more spaces)."""
+    return [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()]
+
+
+def test_peer_without_transformers_is_one_line_exit_2():
+    # sys.modules[name] = None makes `import transformers` raise ImportError, as when it is absent
+    done = cli("bench", "latency", "--peer", "transformers", python="sys.modules['transformers'] = None")
+    assert done.returncode == 2
+    assert done.stderr == ("tinyinfer: error: --peer transformers needs the transformers package "
+                           "(pip install 'tinyinfer[test]' or transformers)\n")
+
+
+def test_latency_table_with_a_peer_has_no_nan_and_separate_columns(oracle_model):
+    folder, peer = oracle_model("llama-gqa-untied")
+    model = tinyinfer.load(folder)
+    results = [bs.bench_latency(model, prompt_tokens=8, decode_tokens=4, repeats=1),
+               bs.peer_latency(peer, model.config.vocab_size, prompt_tokens=8, decode_tokens=4, repeats=1)]
+    text = bs.latency_table(results)
+    assert "nan" not in text
+    header, rule, ours, theirs = table_cells(text)
+    assert len(rule) == len(ours) == len(theirs) == len(header)
+    assert theirs[header.index("p95 ms")] == theirs[header.index("roofline %")] == "–"
+    assert json.loads(json.dumps(bs.as_dict(results[1])))["roofline_pct"] is None  # valid JSON, no NaN
+
+
+def test_batching_table_columns_never_run_together(oracle_model):
+    folder, _ = oracle_model("llama-gqa-untied")
+    text = bench.batching_table(bench.bench_batching(tinyinfer.load(folder), num_requests=6, max_num_seqs=2))
+    header, rule, *rows = table_cells(text)
+    assert len(rows) == len(bench.BATCHING_MODES)
+    assert all(len(row) == len(header) == len(rule) for row in rows)
+
+
+def test_throughput_lengths_fit_the_context():
+    low, high = bs.offline_lengths(1024)
+    assert (low, high) == (100, 512)
+    assert bs.offline_lengths(8192) == bs.OFFLINE_LENGTHS
+    workload = bs.offline_workload(64, 320, low, high, seed=0)
+    assert all(len(r.prompt_ids) + r.max_tokens <= 1024 for r in workload)
+
+
+def test_throughput_on_the_bundled_model_runs_without_flags_beyond_a_small_workload(tmp_path):
+    # seed 5's request is 720 + 336 tokens at full length: past the bundled model's 1024
+    out = tmp_path / "throughput.json"
+    done = cli("bench", "throughput", "--requests", "1", "--seed", "5", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "lengths drawn from 100..512 instead of 100..1024" in done.stderr
+    record, = json.loads(out.read_text())
+    assert record["requests"] == 1 and record["output_tokens"] > 0
+    assert set(record["threads"]) == {"blas", "torch"}

@@ -16,9 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from tinyinfer import progress
 from tinyinfer.engine import Engine
 from tinyinfer.loading import Model
 from tinyinfer.sampling import SamplingParams
+from tinyinfer.tables import table
 
 
 @dataclass(frozen=True)
@@ -60,12 +62,14 @@ def run_workload(model: Model, workload: list[Request], mode: str,
            for r in workload]
     steps, running, allocated_slots, written_slots = 0, 0, 0, 0
     start = time.perf_counter()
-    while engine.has_unfinished():
-        trace = engine.step()
-        steps += 1
-        running += trace.num_running + len(trace.finished)
-        allocated_slots += engine.pool.num_used_pages * engine.pool.block_size
-        written_slots += sum(s.num_computed for s in engine.scheduler.running)
+    with progress.task(f"{mode}: requests", total=len(workload)) as advance:
+        while engine.has_unfinished():
+            trace = engine.step()
+            steps += 1
+            running += trace.num_running + len(trace.finished)
+            allocated_slots += engine.pool.num_used_pages * engine.pool.block_size
+            written_slots += sum(s.num_computed for s in engine.scheduler.running)
+            advance(len(trace.finished))
     seconds = time.perf_counter() - start
     done = [engine.release(i) for i in ids]
     ttfts = sorted(1e3 * c.metrics.ttft for c in done)
@@ -125,7 +129,7 @@ def bench_prefix(model: Model, system_tokens: int = 512, user_tokens: int = 16,
     def question() -> list[int]:
         return rng.integers(0, model.config.vocab_size, user_tokens).tolist()
     misses, hits, cached = [], [], 0
-    for _ in range(repeats):
+    for _ in progress.track(range(repeats), "prefix: repeats"):
         misses.append(_ttft_ms(Engine(model, enable_prefix_caching=True), system + question())[0])
         warm = Engine(model, enable_prefix_caching=True)
         _ttft_ms(warm, system + question())
@@ -136,20 +140,19 @@ def bench_prefix(model: Model, system_tokens: int = 512, user_tokens: int = 16,
 
 def batching_table(results: list[WorkloadResult]) -> str:
     base = results[0].tokens_per_second
-    lines = [f"{'mode':<26}{'tok/s':>9}{'vs cont.':>10}{'steps':>8}{'running':>9}"
-             f"{'KV waste':>10}{'TTFT p50':>10}{'TTFT p95':>10}"]
-    for r in results:
-        lines.append(f"{r.mode:<26}{r.tokens_per_second:>9.1f}{r.tokens_per_second / base:>9.2f}x"
-                     f"{r.steps:>8}{r.mean_running:>9.1f}{100 * r.kv_waste:>9.1f}%"
-                     f"{r.ttft_p50_ms:>8.0f}ms{r.ttft_p95_ms:>8.0f}ms")
-    return "\n".join(lines)
+    rows = [[r.mode, f"{r.tokens_per_second:.1f}", f"{r.tokens_per_second / base:.2f}x", r.steps,
+             f"{r.mean_running:.1f}", f"{100 * r.kv_waste:.1f}", f"{r.ttft_p50_ms:.0f}",
+             f"{r.ttft_p95_ms:.0f}"] for r in results]
+    return table(["mode", "tok/s", "vs cont.", "steps", "running", "KV waste %", "TTFT p50 ms",
+                  "TTFT p95 ms"], rows)
 
 
-def to_json(obj: Any) -> str:
+def to_json(obj: Any, **extra: Any) -> str:
+    """Results as JSON; ``extra`` (e.g. the thread counts) goes into every record."""
     if isinstance(obj, list):
-        return json.dumps([asdict(o) for o in obj], indent=2)
-    return json.dumps({**asdict(obj), **({"speedup": obj.speedup} if hasattr(obj, "speedup") else {})},
-                      indent=2)
+        return json.dumps([{**asdict(o), **extra} for o in obj], indent=2)
+    return json.dumps({**asdict(obj), **({"speedup": obj.speedup} if hasattr(obj, "speedup") else {}),
+                       **extra}, indent=2)
 
 
 @dataclass(frozen=True)
@@ -208,15 +211,19 @@ def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_
     """Greedy decode of each prompt alone, plain vs speculative (warmed up once each)."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
 
-    def run(engine: Engine) -> tuple[list[list[int]], float]:
-        engine.generate([prompts[0]], params)  # warm-up: compilation, graphs, caches
-        start = time.perf_counter()
-        outputs = [engine.generate([p], params)[0].token_ids for p in prompts]
-        return outputs, time.perf_counter() - start
+    def run(engine: Engine, label: str) -> tuple[list[list[int]], float]:
+        with progress.task(f"{label}: prompts", total=len(prompts)) as advance:
+            engine.generate([prompts[0]], params)  # warm-up: compilation, graphs, caches
+            start = time.perf_counter()
+            outputs = []
+            for p in prompts:
+                outputs.append(engine.generate([p], params)[0].token_ids)
+                advance()
+            return outputs, time.perf_counter() - start
 
-    plain, plain_s = run(Engine(model, max_num_seqs=1, detail="none"))
+    plain, plain_s = run(Engine(model, max_num_seqs=1, detail="none"), "plain")
     spec_engine = Engine(model, max_num_seqs=1, detail="none", drafter=drafter, num_draft=num_draft)
-    spec, spec_s = run(spec_engine)
+    spec, spec_s = run(spec_engine, "speculative")
     tokens = sum(len(o) for o in plain)
     stats = spec_engine.spec_stats
     return SpeculativeResult(drafter.name, num_draft, tokens, tokens / plain_s, tokens / spec_s,

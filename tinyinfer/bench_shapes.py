@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from tinyinfer import progress
 from tinyinfer.bench import Request
 from tinyinfer.config import ModelConfig
 from tinyinfer.engine import Engine
@@ -28,6 +29,7 @@ from tinyinfer.errors import TinyInferError
 from tinyinfer.loading import Model, load, resolve_source
 from tinyinfer.sampling import SamplingParams
 from tinyinfer.simulate_presets import MODEL_CONFIGS
+from tinyinfer.tables import table
 
 BENCH_SHAPES = ("gpt2", "llama-3.2-1b", "qwen2.5-0.5b", "llama-3-8b")
 
@@ -110,6 +112,15 @@ def _check_memory(name: str, needed: int, device: str) -> None:
             f"weights, but {free / 1e9:.1f} GB are free: pick a smaller preset or another device")
 
 
+def require_transformers() -> None:
+    """Fail in one line, before any model loads, where the peer's package is missing."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise TinyInferError("--peer transformers needs the transformers package "
+                             "(pip install 'tinyinfer[test]' or transformers)") from None
+
+
 def folder_models(source: str, runner: str, device: str | None, dtype: str | None,
                   with_peer: bool) -> tuple[Model, Any]:
     """A checkpoint folder (or bundled name) for our runner, and transformers on the same files."""
@@ -165,11 +176,11 @@ class LatencyResult:
     decode_tokens: int
     ttft_ms: float
     tpot_p50_ms: float
-    tpot_p95_ms: float
+    tpot_p95_ms: float | None  # None: not measured (transformers' generate gives no per-step times)
     decode_tokens_per_s: float
     bytes_per_step: int
     bandwidth: float
-    roofline_pct: float
+    roofline_pct: float | None  # None: no byte count for the peer's steps
     peak_memory: int
     tensor_parallel: int = 1
     all_reduce_ms: float = 0.0  # per decode step, mean over ranks (inside the step's time)
@@ -190,20 +201,23 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True)
     ttfts, tpots, ranked = [], [], []
-    for run in range(repeats + 1):
-        engine = Engine(model, max_num_seqs=1, max_num_batched_tokens=max(prompt_tokens, 512),
-                        detail="none")
-        engine.add_request(rng.integers(0, model.config.vocab_size, prompt_tokens).tolist(), params)
-        step_times, step_ranks = [], []
-        while engine.has_unfinished():
-            t = time.perf_counter()
-            trace = engine.step()
-            step_times.append(time.perf_counter() - t)
-            step_ranks.append(trace.rank_timings)
-        if run:  # the first run warms up compilation, graphs and caches
-            ttfts.append(step_times[0])
-            tpots += step_times[1:]
-            ranked += step_ranks[1:]
+    with progress.task(f"latency: steps ({repeats} runs + warm-up)",
+                       total=(repeats + 1) * decode_tokens) as advance:
+        for run in range(repeats + 1):
+            engine = Engine(model, max_num_seqs=1, max_num_batched_tokens=max(prompt_tokens, 512),
+                            detail="none")
+            engine.add_request(rng.integers(0, model.config.vocab_size, prompt_tokens).tolist(), params)
+            step_times, step_ranks = [], []
+            while engine.has_unfinished():
+                t = time.perf_counter()
+                trace = engine.step()
+                step_times.append(time.perf_counter() - t)
+                step_ranks.append(trace.rank_timings)
+                advance()
+            if run:  # the first run warms up compilation, graphs and caches
+                ttfts.append(step_times[0])
+                tpots += step_times[1:]
+                ranked += step_ranks[1:]
     itemsize = int(model.runner.dtype.itemsize)
     kv_read = model.config.kv_bytes_per_token(itemsize) * (prompt_tokens + decode_tokens // 2) // ranks
     bytes_per_step = weight_bytes(model) + kv_read
@@ -238,14 +252,20 @@ def peer_latency(peer: Any, vocab_size: int, prompt_tokens: int = 512, decode_to
         _sync(device)
         return time.perf_counter() - t
 
-    run(decode_tokens)
-    ttft = statistics.median(run(1) for _ in range(repeats))
-    full = statistics.median(run(decode_tokens) for _ in range(repeats))
+    with progress.task("transformers: generate calls", total=1 + 2 * repeats) as advance:
+        def counted(n: int) -> float:
+            seconds = run(n)
+            advance()
+            return seconds
+
+        counted(decode_tokens)
+        ttft = statistics.median(counted(1) for _ in range(repeats))
+        full = statistics.median(counted(decode_tokens) for _ in range(repeats))
     tpot = (full - ttft) / (decode_tokens - 1)
     return LatencyResult(
         label="transformers generate", prompt_tokens=prompt_tokens, decode_tokens=decode_tokens,
-        ttft_ms=1e3 * ttft, tpot_p50_ms=1e3 * tpot, tpot_p95_ms=float("nan"),
-        decode_tokens_per_s=1 / tpot, bytes_per_step=0, bandwidth=0.0, roofline_pct=float("nan"),
+        ttft_ms=1e3 * ttft, tpot_p50_ms=1e3 * tpot, tpot_p95_ms=None,
+        decode_tokens_per_s=1 / tpot, bytes_per_step=0, bandwidth=0.0, roofline_pct=None,
         peak_memory=_peak_memory(device),
     )
 
@@ -256,8 +276,17 @@ def _peak_memory(device: str) -> int:
     return int(torch.cuda.max_memory_allocated()) if device.startswith("cuda") else 0
 
 
-def offline_workload(num_requests: int, vocab_size: int, low: int = 100, high: int = 1024,
-                     seed: int = 0) -> list[Request]:
+OFFLINE_LENGTHS = (100, 1024)  # nano-vllm's bounds on prompt and on output length
+
+
+def offline_lengths(max_model_len: int) -> tuple[int, int]:
+    """OFFLINE_LENGTHS cut so that the longest prompt plus the longest output fit the context."""
+    high = min(OFFLINE_LENGTHS[1], max_model_len // 2)
+    return min(OFFLINE_LENGTHS[0], high), high
+
+
+def offline_workload(num_requests: int, vocab_size: int, low: int = OFFLINE_LENGTHS[0],
+                     high: int = OFFLINE_LENGTHS[1], seed: int = 0) -> list[Request]:
     """nano-vllm's offline benchmark: prompt and output lengths uniform in [low, high]."""
     rng = np.random.default_rng(seed)
     return [Request(tuple(rng.integers(0, vocab_size, int(rng.integers(low, high + 1))).tolist()),
@@ -283,8 +312,9 @@ def bench_throughput(model: Model, workload: list[Request], max_num_seqs: int = 
     ids = [engine.add_request(list(r.prompt_ids),
                               SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True))
            for r in workload]
-    while engine.has_unfinished():
-        engine.step()
+    with progress.task("throughput: requests", total=len(workload)) as advance:
+        while engine.has_unfinished():
+            advance(len(engine.step().finished))
     seconds = time.perf_counter() - start
     tokens = sum(len(engine.release(i).token_ids) for i in ids)
     return ThroughputResult(f"{model.name} / {model.runner.name}", len(workload), tokens, seconds,
@@ -312,7 +342,7 @@ def peer_throughput(peer: Any, workload: list[Request], batch_size: int = 64) ->
     device = str(next(peer.parameters()).device)
     start = time.perf_counter()
     tokens = 0
-    for i in range(0, len(workload), batch_size):
+    for i in progress.track(range(0, len(workload), batch_size), "transformers: batches"):
         group = workload[i:i + batch_size]
         width = max(len(r.prompt_ids) for r in group)
         ids = torch.zeros((len(group), width), dtype=torch.long)
@@ -334,23 +364,29 @@ def as_dict(result: Any) -> dict[str, Any]:
     return dataclasses.asdict(result)
 
 
-def latency_table(results: list[LatencyResult]) -> str:
+def latency_table(results: list[LatencyResult], thread_line: str = "") -> str:
     """One row per result; tensor-parallel rows add the ranks and the all-reduce time per step."""
     parallel = any(r.tensor_parallel > 1 for r in results)
-    lines = [f"{'runner':<34}{'TTFT':>9}{'TPOT p50':>10}{'p95':>8}{'tok/s':>9}{'roofline':>10}"
-             f"{'peak mem':>10}" + (f"{'TP':>4}{'all-reduce':>12}" if parallel else "")]
-    for r in results:
-        lines.append(f"{r.label:<34}{r.ttft_ms:>7.1f}ms{r.tpot_p50_ms:>8.2f}ms{r.tpot_p95_ms:>6.2f}ms"
-                     f"{r.decode_tokens_per_s:>9.1f}{r.roofline_pct:>9.1f}%"
-                     f"{r.peak_memory / 1e9:>8.2f}GB"
-                     + (f"{r.tensor_parallel:>4}{r.all_reduce_ms:>10.2f}ms" if parallel else ""))
-    return "\n".join(lines)
+    headers = ["runner", "TTFT ms", "TPOT p50 ms", "p95 ms", "tok/s", "roofline %", "peak mem GB"]
+    headers += ["TP", "all-reduce ms"] if parallel else []
+    rows = [[r.label, f"{r.ttft_ms:.1f}", f"{r.tpot_p50_ms:.2f}", _fixed(r.tpot_p95_ms, 2),
+             f"{r.decode_tokens_per_s:.1f}", _fixed(r.roofline_pct, 1), f"{r.peak_memory / 1e9:.2f}"]
+            + ([r.tensor_parallel, f"{r.all_reduce_ms:.2f}"] if parallel else []) for r in results]
+    return _with_note(table(headers, rows), thread_line)
 
 
-def throughput_table(results: list[ThroughputResult]) -> str:
+def throughput_table(results: list[ThroughputResult], thread_line: str = "") -> str:
     base = results[-1].tokens_per_second
-    lines = [f"{'runner':<34}{'requests':>9}{'out tokens':>12}{'seconds':>9}{'tok/s':>10}{'ratio':>8}"]
-    for r in results:
-        lines.append(f"{r.label:<34}{r.requests:>9}{r.output_tokens:>12}{r.seconds:>9.1f}"
-                     f"{r.tokens_per_second:>10.1f}{r.tokens_per_second / base:>7.2f}x")
-    return "\n".join(lines)
+    rows = [[r.label, r.requests, r.output_tokens, f"{r.seconds:.1f}", f"{r.tokens_per_second:.1f}",
+             f"{r.tokens_per_second / base:.2f}x"] for r in results]
+    return _with_note(table(["runner", "requests", "out tokens", "seconds", "tok/s", "ratio"], rows),
+                      thread_line)
+
+
+def _fixed(value: float | None, digits: int) -> str | None:
+    """A number to ``digits`` decimals, or None (printed as –) where it was not measured."""
+    return None if value is None else f"{value:.{digits}f}"
+
+
+def _with_note(text: str, note: str) -> str:
+    return f"{note}\n{text}" if note else text

@@ -6,8 +6,9 @@ import argparse
 import sys
 from typing import Sequence
 
-from tinyinfer import cli_lesson, cli_quantize, cli_serve, cli_simulate
-from tinyinfer.cli_common import Parser, add_alias, add_json, fail, positive_int, write_json
+from tinyinfer import cli_lesson, cli_quantize, cli_serve, cli_simulate, threads
+from tinyinfer.cli_common import (Parser, add_alias, add_json, add_threads_arg, fail, positive_int,
+                                  write_json)
 from tinyinfer.errors import TinyInferError, missing_package
 from tui import cli as tui_cli
 
@@ -29,6 +30,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
                         help="split the model over N processes (GPUs with NCCL, CPU with gloo); "
                              "torch runner")
+    add_threads_arg(parser)
 
 
 def load_model(args: argparse.Namespace):
@@ -132,6 +134,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     model = load_model(args)
     print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)
+    print(threads.describe())
     if args.workload == "speculative":
         results = _bench_speculative(model, args)
     elif args.workload == "batching":
@@ -143,7 +146,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"shared prefix {results.system_tokens} tokens: TTFT miss {results.ttft_miss_ms:.1f} ms, "
               f"hit {results.ttft_hit_ms:.1f} ms ({results.cached_tokens} tokens cached), "
               f"{results.speedup:.1f}x faster")
-    write_json(args.json, bench.to_json(results))
+    write_json(args.json, bench.to_json(results, threads=threads.report()))
     return 0
 
 
@@ -154,6 +157,8 @@ def _bench_shapes(args: argparse.Namespace) -> int:
     from tinyinfer import bench_shapes as bs
 
     with_peer = args.peer == "transformers"
+    if with_peer:
+        bs.require_transformers()
     if with_peer and args.tensor_parallel > 1:
         raise TinyInferError("--peer transformers runs the whole model on one device: measure it "
                              "in a run without --tensor-parallel")
@@ -171,24 +176,31 @@ def _bench_shapes(args: argparse.Namespace) -> int:
     else:
         model, peer = bs.folder_models(args.model, args.runner, args.device, args.dtype, with_peer)
     print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)
+    counts = threads.report()
     if args.workload == "speculative":
         from tinyinfer import bench
 
-        write_json(args.json, bench.to_json(_bench_speculative(model, args)))
+        print(threads.describe(counts))
+        write_json(args.json, bench.to_json(_bench_speculative(model, args), threads=counts))
         return 0
     if args.workload == "latency":
         results = [bs.bench_latency(model, args.prompt_tokens, args.max_tokens)]
         if peer is not None:
             results.append(bs.peer_latency(peer, model.config.vocab_size, args.prompt_tokens,
                                            args.max_tokens))
-        print(bs.latency_table(results))
+        print(bs.latency_table(results, threads.describe(counts)))
     else:
-        workload = bs.offline_workload(256 if args.requests is None else args.requests, model.config.vocab_size, seed=args.seed)
+        low, high = bs.offline_lengths(model.config.max_model_len)
+        if high < bs.OFFLINE_LENGTHS[1]:
+            print(f"note: {model.name} has a {model.config.max_model_len}-token context: prompt and "
+                  f"output lengths drawn from {low}..{high} instead of "
+                  f"{bs.OFFLINE_LENGTHS[0]}..{bs.OFFLINE_LENGTHS[1]}", file=sys.stderr)
+        workload = bs.offline_workload(256 if args.requests is None else args.requests, model.config.vocab_size, low, high, seed=args.seed)
         results = [bs.bench_throughput(model, workload, max_num_seqs=256 if args.max_num_seqs is None else args.max_num_seqs)]
         if peer is not None:
             results.append(bs.peer_throughput(peer, workload))
-        print(bs.throughput_table(results))
-    write_json(args.json, json.dumps([bs.as_dict(r) for r in results], indent=2))
+        print(bs.throughput_table(results, threads.describe(counts)))
+    write_json(args.json, json.dumps([{**bs.as_dict(r), "threads": counts} for r in results], indent=2))
     return 0
 
 
@@ -345,6 +357,7 @@ COMMANDS = {"generate": cmd_generate, "info": cmd_info, "bench": cmd_bench,
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _use_threads(args)
         return COMMANDS[args.command](args)
     except TinyInferError as exc:  # bad input: a flag's value, a model folder, a prompt
         return fail(str(exc))
@@ -357,6 +370,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(missing))
     except KeyboardInterrupt:
         return 130
+
+
+def _use_threads(args: argparse.Namespace) -> None:
+    """Apply --threads (or the default rule) before any model runs; torch's pool only when the
+    command will use torch, so that the NumPy path never imports it."""
+    if not hasattr(args, "threads"):
+        return
+    if (getattr(args, "runner", None) == "torch" or getattr(args, "preset", None)
+            or getattr(args, "peer", None) or getattr(args, "tensor_parallel", 1) > 1
+            or getattr(args, "calibrate", None) == ""):
+        import torch  # noqa: F401  (so that threads.use sets its pool as well)
+    threads.use(args.threads)
 
 
 if __name__ == "__main__":

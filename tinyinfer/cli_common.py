@@ -7,6 +7,8 @@ import re
 import sys
 from typing import Any, NoReturn
 
+from tinyinfer import threads
+
 PREFIX = "tinyinfer: error:"
 
 
@@ -85,3 +87,9 @@ def write_json(path: str | None, text: str) -> None:
     elif path:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
+
+
+def add_threads_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                        help="CPU threads for NumPy's BLAS and torch (default: OMP_NUM_THREADS if "
+                             f"set, else physical cores, at most {threads.DEFAULT_CAP})")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any, Sequence
 
 from tinyinfer.cli_common import add_alias, add_json, positive_int, write_json
@@ -85,6 +84,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "JSON file of scripts/tp_gpu_check.py, fit the link and the engine's "
                         "tensor-parallel terms to those recorded runs instead (no device needed)")
     p.add_argument("--device", default=None, help="torch device for --calibrate (default: cuda if any)")
+    from tinyinfer.cli import add_threads_arg  # here: tinyinfer.cli imports this module
+
+    add_threads_arg(p)
     return p
 
 
@@ -101,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if args.calibrate is not None:
         from tinyinfer.simulate_calibrate import calibrate, calibration_report
 
-        result = calibrate(args.device, progress=lambda m: print(m, file=sys.stderr))
+        result = calibrate(args.device)
         print(calibration_report(result))
         return 0
     scenario = scenario_from_args(args)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tinyinfer import progress
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import CheckpointError, TinyInferError
 from tinyinfer.weights import (Bf16Array, float32_to_bf16_bits, internal_shapes, read_checkpoint,
@@ -252,7 +253,7 @@ def quantize_weights(weights: dict[str, np.ndarray], config: QuantConfig
                      ) -> dict[str, np.ndarray | QuantizedWeight]:
     """Quantize every linear weight of a runner's weight dict; leave the rest as they are."""
     return {name: quantize(value, config) if is_quantized_name(name) else value
-            for name, value in weights.items()}
+            for name, value in progress.track(weights.items(), f"quantize to {config.name}: tensors")}
 
 
 def weights_nbytes(weights: dict[str, np.ndarray | QuantizedWeight]) -> int:
@@ -381,7 +382,8 @@ def layer_error(name: str, weight: np.ndarray, qw: QuantizedWeight) -> LayerErro
 def layer_errors(weights: dict[str, np.ndarray], quantized: dict[str, np.ndarray | QuantizedWeight]
                  ) -> list[LayerError]:
     """LayerError of every quantized weight, in model order."""
-    return [layer_error(name, weights[name], q) for name, q in quantized.items()
+    return [layer_error(name, weights[name], q)
+            for name, q in progress.track(quantized.items(), "quantization error: tensors")
             if isinstance(q, QuantizedWeight)]
 
 

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from tinyinfer import progress
 from tinyinfer.simulate import Efficiency, Scenario, Simulation, simulate
 from tinyinfer.simulate_presets import (
     HARDWARE, Hardware, ModelSpec, SimulationError, model_from_hf, model_preset,
@@ -161,8 +162,8 @@ def hardware_for(micro: Microbenchmarks) -> Hardware:
                     HARDWARE["laptop-cpu"].price_per_hour, source="measured by calibration")
 
 
-def measure_engine(cases: Sequence[CalibrationCase], device: str, precision: str, seed: int = 0,
-                   progress: Callable[[str], None] | None = None) -> list[EngineTiming]:
+def measure_engine(cases: Sequence[CalibrationCase], device: str, precision: str,
+                   seed: int = 0) -> list[EngineTiming]:
     """Run cases through the real engine (torch runner, random weights of each case's shape),
     each once to warm up (compile, CUDA graphs) and once measured; grouped by model, so each
     model's weights are made once and freed before the next model's."""
@@ -176,16 +177,13 @@ def measure_engine(cases: Sequence[CalibrationCase], device: str, precision: str
     dtype = TORCH_DTYPES[precision]
     order = {name: i for i, name in reversed(list(enumerate(c.model.name for c in cases)))}
     runner, shape, timings = None, None, []
-    for case in sorted(cases, key=lambda c: order[c.model.name]):
+    for case in progress.track(sorted(cases, key=lambda c: order[c.model.name]), "calibration: engine cases"):
         config = case.model.config
         if case.model.is_moe:
             raise SimulationError("the engine runs dense models only: calibrate with a dense preset")
         if case.prompt_tokens + case.output_tokens > config.max_model_len:
             raise SimulationError(f"{case.model.title} holds {config.max_model_len} tokens: "
                                   "shorten the calibration prompt or output")
-        if progress:
-            progress(f"engine: {case.model.title}, batch {case.batch}, prompt {case.prompt_tokens}, "
-                     f"output {case.output_tokens}")
         if shape != config:
             runner = None  # free the last model's weights (and compiled code holding them) first
             torch.compiler.reset()
@@ -330,21 +328,18 @@ def default_cases(device: str) -> list[CalibrationCase]:
             CalibrationCase(TINY_LLAMA, 4, 128, 8), CalibrationCase(TINY_LLAMA, 2, 256, 8, fit=False)]
 
 
-def calibrate(device: str | None = None, cases: Sequence[CalibrationCase] | None = None,
-              progress: Callable[[str], None] | None = None) -> Calibration:
+def calibrate(device: str | None = None, cases: Sequence[CalibrationCase] | None = None) -> Calibration:
     """Measure the device and the engine on it; fit efficiencies; compare predictions."""
     import torch
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.startswith("cuda")
-    say = progress or (lambda message: None)
     precision = "bf16" if on_gpu else "fp32"
-    say(f"microbenchmarks on {device} ({precision})")
-    micro = measure_device(device, precision, nbytes=(1 << 30) if on_gpu else (64 << 20),
-                           n=8192 if on_gpu else 512)
+    with progress.task(f"calibration: microbenchmarks on {device} ({precision})"):
+        micro = measure_device(device, precision, nbytes=(1 << 30) if on_gpu else (64 << 20),
+                               n=8192 if on_gpu else 512)
     hardware = hardware_for(micro)
-    timings = measure_engine(cases if cases is not None else default_cases(device), device, precision,
-                             progress=say)
+    timings = measure_engine(cases if cases is not None else default_cases(device), device, precision)
     efficiency = fit_efficiency(hardware, micro, timings)
     return Calibration(micro, hardware, efficiency, compare(hardware, precision, efficiency, timings))
 

@@ -15,7 +15,6 @@ cuda:r), gloo on CPU; commands travel down one pipe per worker.
 from __future__ import annotations
 
 import atexit
-import os
 import queue
 import socket
 import time
@@ -23,12 +22,13 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tinyinfer import progress, threads
 from tinyinfer.config import ModelConfig, load_config
 from tinyinfer.errors import TinyInferError, TokenizerError
 from tinyinfer.loading import Model, resolve_source
@@ -51,6 +51,7 @@ class LaunchSpec:
     options: dict[str, Any] = field(default_factory=dict)  # TorchRunner options (compile, ...)
     random_config: ModelConfig | None = None
     seed: int = 0
+    threads: int | None = None  # CPU threads per rank on CPU (the host's share), None on GPUs
 
     def device(self, rank: int) -> str:
         return f"cuda:{rank}" if self.device_type == "cuda" else "cpu"
@@ -104,16 +105,22 @@ def _spec(config: ModelConfig, path: Path | None, world: int, device: str | None
     if dist.is_initialized():
         raise TinyInferError("this process already runs a torch.distributed group (another "
                              "tensor-parallel model?): close() its runner before loading another")
+    # On CPU every rank shares this host: each gets its share of the threads chosen here.
+    per_rank = max(1, torch.get_num_threads() // world) if device_type == "cpu" else None
     return LaunchSpec(path, world, free_port(), device_type, dtype, dict(options),
-                      random_config=config if path is None else None, seed=seed)
+                      random_config=config if path is None else None, seed=seed, threads=per_rank)
 
 
 def _launch(spec: LaunchSpec, config: ModelConfig, name: str, startup_timeout: float) -> Model:
     """Start the workers, build rank 0's shard, join the group; a Model whose runner is rank 0."""
     workers = _Workers.start(spec)
+    if spec.threads is not None:
+        threads.use(spec.threads)
     try:
-        shard = _build_shard(spec, 0)
-        workers.wait_ready(startup_timeout)
+        with progress.task(f"tensor parallel: ranks ready (of {spec.world})", total=spec.world) as advance:
+            shard = _build_shard(spec, 0)
+            advance()
+            workers.wait_ready(startup_timeout, on_ready=advance)
         _join_group(spec, 0)
     except BaseException:
         workers.stop()
@@ -157,8 +164,8 @@ def _join_group(spec: LaunchSpec, rank: int) -> None:
 def _worker_main(spec: LaunchSpec, rank: int, ready: Any, conn: Connection) -> None:
     """A worker process: build the shard, say so, join the group, serve rank 0 until shutdown."""
     try:
-        if spec.device_type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world))
+        if spec.threads is not None:
+            threads.use(spec.threads)
         shard = _build_shard(spec, rank)
     except BaseException as exc:  # reported to rank 0, which raises it as a TinyInferError
         ready.put((rank, f"{type(exc).__name__}: {exc}"))
@@ -191,8 +198,9 @@ class _Workers:
             process.start()
         return cls(processes, ready, [ours for ours, _ in pipes])
 
-    def wait_ready(self, timeout: float) -> None:
-        """Block until every worker has built its shard; raise what a failed one reported."""
+    def wait_ready(self, timeout: float, on_ready: Callable[[], Any] = lambda: None) -> None:
+        """Block until every worker has built its shard (``on_ready()`` as each has); raise what a
+        failed one reported."""
         waiting = {p.name: p for p in self.processes}
         deadline = time.monotonic() + timeout
         while waiting:
@@ -210,6 +218,7 @@ class _Workers:
             if error is not None:
                 raise TinyInferError(f"tensor-parallel worker rank {rank} could not load its shard: {error}")
             waiting.pop(f"tinyinfer-tp-rank{rank}")
+            on_ready()
 
     def alive(self) -> bool:
         return all(p.is_alive() for p in self.processes)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tinyinfer.cli_common import Parser, fail, positive_int
+from tinyinfer.cli_common import Parser, add_threads_arg, fail, positive_int
 from tinyinfer.errors import TinyInferError
 
 from tui.options import Options
@@ -53,6 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--free", action="store_true", help="start in free mode, without narration")
     parser.add_argument("--no-timings", action="store_true",
                         help="hide wall-clock times (for identical screens run to run)")
+    add_threads_arg(parser)
     return parser
 
 
@@ -69,6 +70,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
 
 def run(args: argparse.Namespace) -> int:
     """Start the TUI with parsed arguments; returns the exit status."""
+    from tinyinfer import progress
     from tui.app import TinyInferApp
     from tui.session import load_model
 
@@ -82,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         model = load_model(options)
     try:
-        TinyInferApp(options, model).run()
+        with progress.hidden():  # Textual owns the terminal: no bars drawn under it
+            TinyInferApp(options, model).run()
     finally:  # run() has returned, so no engine step is in flight
         if model is not None:
             model.runner.close()

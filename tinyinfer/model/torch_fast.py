@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tinyinfer import progress
 from tinyinfer.config import ModelConfig, rope_inverse_frequencies
 from tinyinfer.errors import TinyInferError
 from tinyinfer.model import torch_layers as layers
@@ -168,8 +169,10 @@ class TorchRunner:
     @torch.no_grad()
     def _device_logits(self, batch: Batch, kv_cache: TorchKVCache) -> Tensor:
         """Logits [R, V] left on the device: through a CUDA graph for decode batches if captured."""
-        if batch.num_tokens == batch.num_seqs:
+        if batch.num_tokens == batch.num_seqs and self.compile and not self._announced_compile:
             self._announce_compile()
+            with progress.task("torch.compile: first decode step"):  # a spinner: one long call
+                return self._device_logits(batch, kv_cache)
         graphs = self._decode_graphs(batch, kv_cache)
         if graphs is not None:
             size = graphs.padded_size(batch.num_seqs)
@@ -280,10 +283,9 @@ class TorchRunner:
         return kv.graphs
 
     def _announce_compile(self) -> None:
-        if self.compile and not self._announced_compile:
-            self._announced_compile = True
-            print("tinyinfer: torch.compile is compiling the decode step (first decode; "
-                  "batches of 2+ compile once more)", file=sys.stderr, flush=True)
+        self._announced_compile = True
+        print("tinyinfer: torch.compile is compiling the decode step (first decode; "
+              "batches of 2+ compile once more)", file=sys.stderr, flush=True)
 
 
 def _triton_decode_attention() -> Callable[..., Tensor] | None:

@@ -12,9 +12,9 @@ from tinyinfer.simulate import (
     Simulation, SimulationError, model_preset, parameter_counts, simulate, sweep,
 )
 from tinyinfer.simulate_quantity import format_value
+from tinyinfer.textbar import BarColumn, bar_table
 
 DEFAULT_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-BLOCKS = " ▏▎▍▌▋▊▉█"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -162,26 +162,18 @@ def simulation_table(sim: Simulation) -> str:
     return "\n".join(lines)
 
 
-def _bar(value: float, top: float, width: int) -> str:
-    """A horizontal bar of `width` cells for value/top, with eighth-cell resolution."""
-    eighths = round(8 * width * value / top) if top > 0 else 0
-    return ("█" * (eighths // 8) + (BLOCKS[eighths % 8] if eighths % 8 else "")).ljust(width)
-
-
 def sweep_plot(sims: Sequence[Simulation], width: int = 28) -> str:
     """Bars of decode throughput and per-token latency for each simulated batch size."""
-    top_tput = max(s.decode_throughput.value for s in sims)
-    top_tpot = max(s.tpot.value for s in sims)
-    lines = [f"{'batch':>6}  {'decode tokens/s (all users)':<{width + 10}}  {'TPOT':<{width + 10}}"]
+    notes = []
     for s in sims:
-        marks = []
-        if s.decode_bound == "compute":
-            marks.append("compute-bound")
+        marks = ["compute-bound"] if s.decode_bound == "compute" else []
         if s.scenario.batch > s.max_concurrent.value:
             marks.append(f"KV does not fit (max {int(s.max_concurrent.value)})")
-        lines.append(f"{s.scenario.batch:>6}  {_bar(s.decode_throughput.value, top_tput, width)}"
-                     f"{s.decode_throughput.value:>10,.0f}  {_bar(s.tpot.value, top_tpot, width)}"
-                     f"{format_value(s.tpot.value, 's'):>10}  {'; '.join(marks)}")
+        notes.append("; ".join(marks))
+    columns = [BarColumn("decode tokens/s (all users)", [s.decode_throughput.value for s in sims],
+                         lambda v: f"{v:,.0f}"),
+               BarColumn("TPOT", [s.tpot.value for s in sims], lambda v: format_value(v, "s"))]
+    lines = bar_table("batch", [str(s.scenario.batch) for s in sims], columns, width, notes)
     knee = sims[0].knee_batch
     lines.append(f"compute knee at batch {knee.human()} (knee_batch = {knee.pretty_formula() or knee.note})")
     return "\n".join(lines)

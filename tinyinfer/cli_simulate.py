@@ -101,12 +101,15 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep:
         values = _parse_values(args.values) if args.values else DEFAULT_SWEEP
         sims = sweep(scenario, args.sweep, values)
+        if args.json:
+            print(json.dumps([simulation_json(s) for s in sims], indent=1))
+            return 0
         print(_header(scenario, with_batch=False))
         print(sweep_plot(sims))
         return 0
     sim = simulate(scenario)
     if args.json:
-        print(json.dumps({q.name: q.to_dict() for _, q in sim.rows()} | {"notes": list(sim.notes)}, indent=1))
+        print(json.dumps(simulation_json(sim), indent=1))
         return 0
     names = [q.name for _, q in sim.rows()] if "all" in args.explain else args.explain
     explained = [sim.quantity(name).explain() for name in names]  # unknown names fail first
@@ -149,6 +152,16 @@ def _header(s: Scenario, with_batch: bool = True) -> str:
     batch = f" · batch {s.batch}" if with_batch else ""
     return (f"{s.model.title} on {gpus}{s.hardware.title} · weights {s.weight_precision} · KV "
             f"{s.kv_precision}{batch} · prompt {s.prompt_tokens} + output {s.output_tokens} tokens")
+
+
+def simulation_json(sim: Simulation) -> dict[str, Any]:
+    """Every number with its derivation, the notes, and the scenario's main knobs, for --json."""
+    s = sim.scenario
+    knobs = {"model": s.model.name, "hardware": s.hardware.name, "hardware_title": s.hardware.title,
+             "weights": s.weight_precision, "kv": s.kv_precision, "batch": s.batch,
+             "prompt_tokens": s.prompt_tokens, "output_tokens": s.output_tokens, "gpus": s.num_gpus}
+    return ({"scenario": knobs} | {q.name: q.to_dict() for _, q in sim.rows()}
+            | {"decode_bound": sim.decode_bound, "notes": list(sim.notes)})
 
 
 def simulation_table(sim: Simulation) -> str:

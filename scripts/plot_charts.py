@@ -71,6 +71,8 @@ def save(fig: plt.Figure, out: Path, name: str, caption: str) -> Path:
             if scale == "log":
                 axis.set_major_formatter(plain)
                 axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        if ax.get_yscale() == "log":
+            ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 5)))
     fig.supxlabel(caption, fontsize=7, color="0.35", x=0.01, ha="left")
     path = out / name
     fig.savefig(path, format="svg", metadata={"Date": None})
@@ -109,8 +111,9 @@ def batch_sweep(sims: list[dict], measured: list[dict], out: Path, caption: str)
         ax.plot(batch, values, "-", color="C0", lw=1.2, label="simulator")
         ax.plot([b for b, f in zip(batch, fits) if f], [v for v, f in zip(values, fits) if f],
                 "o", color="C0", ms=4, label="KV cache fits")
-        ax.plot([b for b, f in zip(batch, fits) if not f], [v for v, f in zip(values, fits) if not f],
-                "x", color="C3", ms=6, label="KV cache does not fit")
+        if not all(fits):
+            ax.plot([b for b, f in zip(batch, fits) if not f], [v for v, f in zip(values, fits) if not f],
+                    "x", color="C3", ms=6, label="KV cache does not fit")
         ax.axvline(sims[0]["knee_batch"]["value"], color="0.4", ls="--", lw=0.8)
         ax.set(xscale="log", yscale="log", xlabel="batch (sequences decoding together)", ylabel=unit)
         ax.set_xscale("log", base=2)
@@ -157,7 +160,6 @@ def speculative_speedup(points: list[dict], out: Path, caption: str) -> Path:
                 ax.annotate(p["label"], (p["acceptance_rate"], p["speedup"]), xytext=(5, 2),
                             textcoords="offset points", fontsize=6.5, color="0.25")
     ax.axhline(1, color="0.4", ls="--", lw=0.8)
-    ax.set_yticks([0.05, 0.1, 0.2, 0.5, 1, 2, 5])
     ax.set(yscale="log", xlim=(0, 1), xlabel="acceptance rate α (share of drafted tokens accepted)",
            ylabel="speedup over plain decoding (×)",
            title="Speculative decoding: speedup against acceptance, simulated and measured (dots)")

@@ -71,7 +71,7 @@ def test_cli_info_reads_what_the_files_hold(tmp_path):
     import shutil
 
     out = tmp_path / "int8"
-    assert run_cli("quantize", "bundled", "--bits", "8", "-o", str(out)).returncode == 0
+    assert run_cli("quantize", "--model", "bundled", "--bits", "8", "-o", str(out)).returncode == 0
     umask = os.umask(0)
     os.umask(umask)
     assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask

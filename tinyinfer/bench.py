@@ -51,6 +51,8 @@ class WorkloadResult:
     kv_waste: float  # time-averaged share of allocated KV slots holding no token
     ttft_p50_ms: float
     ttft_p95_ms: float
+    running_per_step: tuple[int, ...]  # sequences in each step's batch
+    finished_per_step: tuple[int, ...]  # requests that finished in each step
 
 
 def run_workload(model: Model, workload: list[Request], mode: str,
@@ -60,13 +62,13 @@ def run_workload(model: Model, workload: list[Request], mode: str,
     ids = [engine.add_request(list(r.prompt_ids),
                               SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True))
            for r in workload]
-    steps, running, allocated_slots, written_slots = 0, 0, 0, 0
+    running, finished, allocated_slots, written_slots = [], [], 0, 0
     start = time.perf_counter()
     with progress.task(f"{mode}: requests", total=len(workload)) as advance:
         while engine.has_unfinished():
             trace = engine.step()
-            steps += 1
-            running += trace.num_running + len(trace.finished)
+            running.append(trace.num_running + len(trace.finished))
+            finished.append(len(trace.finished))
             allocated_slots += engine.pool.num_used_pages * engine.pool.block_size
             written_slots += sum(s.num_computed for s in engine.scheduler.running)
             advance(len(trace.finished))
@@ -76,9 +78,10 @@ def run_workload(model: Model, workload: list[Request], mode: str,
     output_tokens = sum(len(c.token_ids) for c in done)
     return WorkloadResult(
         mode=mode, requests=len(workload), output_tokens=output_tokens, seconds=seconds,
-        steps=steps, tokens_per_second=output_tokens / seconds, mean_running=running / steps,
+        steps=len(running), tokens_per_second=output_tokens / seconds, mean_running=statistics.mean(running),
         kv_waste=1 - written_slots / allocated_slots if allocated_slots else 0.0,
         ttft_p50_ms=statistics.median(ttfts), ttft_p95_ms=ttfts[int(0.95 * (len(ttfts) - 1))],
+        running_per_step=tuple(running), finished_per_step=tuple(finished),
     )
 
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 
 from tinyinfer.errors import TinyInferError
 from tinyinfer.quant import (CONFIG_FILE, LayerError, QuantConfig, layer_errors, quantize_weights,
                              read_quant_config, save_quantized, weights_nbytes)
 
+ERRORS_FILE = "layer_errors.json"  # each quantized weight's LayerError, written next to the checkpoint
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".safetensors.index.json", ".bin.index.json")
 
 
@@ -71,7 +74,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"{name} -> {out} ({qconfig.name})")
     print(f"on disk: {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB ({after / before:.1%}); "
           f"in memory: {weights_nbytes(quantized) / 1e6:.2f} MB")
-    print(error_summary(layer_errors(weights, quantized)))
+    errors = layer_errors(weights, quantized)
+    (out / ERRORS_FILE).write_text(json.dumps({"model": name, "format": qconfig.name,
+                                               "layers": [asdict(e) for e in errors]}, indent=1))
+    print(error_summary(errors))
+    print(f"per-layer errors: {out / ERRORS_FILE}")
     return 0
 
 

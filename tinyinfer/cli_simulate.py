@@ -12,9 +12,9 @@ from tinyinfer.simulate import (
     Simulation, SimulationError, model_preset, parameter_counts, simulate, sweep,
 )
 from tinyinfer.simulate_quantity import format_value
+from tinyinfer.textbar import BarColumn, bar_table
 
 DEFAULT_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-BLOCKS = " ▏▎▍▌▋▊▉█"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -115,13 +115,15 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep:
         values = _parse_values(args.values) if args.values else DEFAULT_SWEEP
         sims = sweep(scenario, args.sweep, values)
+        if args.json:
+            write_json(args.json, json.dumps([simulation_json(s) for s in sims], indent=1))
+            return 0
         print(_header(scenario, with_batch=False))
         print(sweep_plot(sims))
         return 0
     sim = simulate(scenario)
     if args.json:
-        write_json(args.json, json.dumps({q.name: q.to_dict() for _, q in sim.rows()}
-                                         | {"notes": list(sim.notes)}, indent=1))
+        write_json(args.json, json.dumps(simulation_json(sim), indent=1))
         return 0
     names = [q.name for _, q in sim.rows()] if "all" in args.explain else args.explain
     explained = [sim.quantity(name).explain() for name in names]  # unknown names fail first
@@ -166,6 +168,16 @@ def _header(s: Scenario, with_batch: bool = True) -> str:
             f"{s.kv_precision}{batch} · prompt {s.prompt_tokens} + output {s.output_tokens} tokens")
 
 
+def simulation_json(sim: Simulation) -> dict[str, Any]:
+    """Every number with its derivation, the notes, and the scenario's main knobs, for --json."""
+    s = sim.scenario
+    knobs = {"model": s.model.name, "hardware": s.hardware.name, "hardware_title": s.hardware.title,
+             "weights": s.weight_precision, "kv": s.kv_precision, "batch": s.batch,
+             "prompt_tokens": s.prompt_tokens, "output_tokens": s.output_tokens, "gpus": s.num_gpus}
+    return ({"scenario": knobs} | {q.name: q.to_dict() for _, q in sim.rows()}
+            | {"decode_bound": sim.decode_bound, "notes": list(sim.notes)})
+
+
 def simulation_table(sim: Simulation) -> str:
     """The simulation as text: label, value, and the formula behind each number."""
     rows = sim.rows()
@@ -177,26 +189,18 @@ def simulation_table(sim: Simulation) -> str:
     return "\n".join(lines)
 
 
-def _bar(value: float, top: float, width: int) -> str:
-    """A horizontal bar of `width` cells for value/top, with eighth-cell resolution."""
-    eighths = round(8 * width * value / top) if top > 0 else 0
-    return ("█" * (eighths // 8) + (BLOCKS[eighths % 8] if eighths % 8 else "")).ljust(width)
-
-
 def sweep_plot(sims: Sequence[Simulation], width: int = 28) -> str:
     """Bars of decode throughput and per-token latency for each simulated batch size."""
-    top_tput = max(s.decode_throughput.value for s in sims)
-    top_tpot = max(s.tpot.value for s in sims)
-    lines = [f"{'batch':>6}  {'decode tokens/s (all users)':<{width + 10}}  {'TPOT':<{width + 10}}"]
+    notes = []
     for s in sims:
-        marks = []
-        if s.decode_bound == "compute":
-            marks.append("compute-bound")
+        marks = ["compute-bound"] if s.decode_bound == "compute" else []
         if s.scenario.batch > s.max_concurrent.value:
             marks.append(f"KV does not fit (max {int(s.max_concurrent.value)})")
-        lines.append(f"{s.scenario.batch:>6}  {_bar(s.decode_throughput.value, top_tput, width)}"
-                     f"{s.decode_throughput.value:>10,.0f}  {_bar(s.tpot.value, top_tpot, width)}"
-                     f"{format_value(s.tpot.value, 's'):>10}  {'; '.join(marks)}")
+        notes.append("; ".join(marks))
+    columns = [BarColumn("decode tokens/s (all users)", [s.decode_throughput.value for s in sims],
+                         lambda v: f"{v:,.0f}"),
+               BarColumn("TPOT", [s.tpot.value for s in sims], lambda v: format_value(v, "s"))]
+    lines = bar_table("batch", [str(s.scenario.batch) for s in sims], columns, width, notes)
     knee = sims[0].knee_batch
     lines.append(f"compute knee at batch {knee.human()} (knee_batch = {knee.pretty_formula() or knee.note})")
     return "\n".join(lines)

@@ -7,15 +7,9 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from tinyinfer.simulate import Simulation
+from tinyinfer.textbar import bar
 
 BAR_WIDTH = 12
-EIGHTHS = " ▏▎▍▌▋▊▉"
-
-
-def bar(value: float, top: float, width: int = BAR_WIDTH) -> str:
-    """A horizontal bar of `width` cells for value/top, with eighth-cell resolution."""
-    eighths = round(8 * width * value / top) if top > 0 else 0
-    return ("█" * (eighths // 8) + (EIGHTHS[eighths % 8] if eighths % 8 else "")).ljust(width)
 
 
 def count(value: float) -> str:
@@ -50,9 +44,9 @@ class SweepPlot(Widget):
             else:
                 mark, colour = ("c", "magenta") if s.decode_bound == "compute" else (" ", "green")
             out.append(f"{'▶' if here else ' '}{s.scenario.batch:>5} ", style=style)
-            out.append(bar(s.decode_throughput.value, top_rate), style=colour)
+            out.append(bar(s.decode_throughput.value, top_rate, BAR_WIDTH), style=colour)
             out.append(f"{count(s.decode_throughput.value):>7}  ", style=style)
-            out.append(bar(s.tpot.value, top_tpot), style=colour)
+            out.append(bar(s.tpot.value, top_tpot, BAR_WIDTH), style=colour)
             out.append(f"{s.tpot.human():>8}", style=style)
             out.append(f" {mark}\n", style=f"bold {colour}")
         knee = self.simulation.knee_batch.human()

@@ -21,7 +21,7 @@ from types import ModuleType
 
 from lessons.checking import Report, where_in_student_code
 from lessons.support import LessonError
-from tinyinfer.cli_common import Parser, add_threads_arg, fail
+from tinyinfer.cli.common import Parser, add_threads_arg, fail
 
 HERE = Path(__file__).parent
 DEFAULT_WORKSPACE = Path("tinyinfer-lessons")
@@ -155,7 +155,7 @@ def check(lesson: Lesson, path: Path) -> Report:
 
 def run_experiment(lesson: Lesson, path: Path, quick: bool, model: str, threads: int | None = None) -> None:
     """Run a lesson's experiment with the implementation at ``path`` plugged into the engine."""
-    from tinyinfer import threads as cpu_threads
+    from tinyinfer.model import threads as cpu_threads
 
     experiment = load_module(lesson.file("experiment.py"), module_name(lesson, "experiment"))
     cpu_threads.use(threads)  # after the import: torch's pool too, for experiments that use it

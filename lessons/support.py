@@ -14,10 +14,10 @@ import numpy as np
 
 import tinyinfer
 from tinyinfer.config import config_from_dict
+from tinyinfer.display.progress import track  # noqa: F401  (experiments count their loops with it)
+from tinyinfer.display.tables import table  # noqa: F401  (experiments print their results with it)
 from tinyinfer.loading import BUNDLED, Model
 from tinyinfer.model.numpy_ref import NumpyRunner
-from tinyinfer.progress import track  # noqa: F401  (experiments count their loops with it)
-from tinyinfer.tables import table  # noqa: F401  (experiments print their results with it)
 
 DATA = Path(__file__).parent / "data"
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from tinyinfer import bench, bench_shapes as bs
+from tinyinfer.bench import shapes as bs
+from tinyinfer.bench import workloads as bench
 from tinyinfer.loading import load
 from tinyinfer.speculative import DraftModelDrafter, PromptLookupDrafter
 

@@ -32,10 +32,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from tinyinfer.cli_quantize import ERRORS_FILE  # noqa: E402
+from tinyinfer.cli.quantize import ERRORS_FILE  # noqa: E402
 from tinyinfer.quant import QuantConfig  # noqa: E402
-from tinyinfer.simulate import Scenario, sweep  # noqa: E402
-from tinyinfer.simulate_calibrate_tp import calibrate_recorded, hardware_named  # noqa: E402
+from tinyinfer.simulate.calibrate_tp import calibrate_recorded, hardware_named  # noqa: E402
+from tinyinfer.simulate.model import Scenario, sweep  # noqa: E402
 
 plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "tinyinfer", "font.size": 9,
                      "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
              for row, name in zip(found["speculative"], names["speculative"])]
     if spec:
         written.append(speculative_speedup(spec, args.out, f"measured: {', '.join(names['gpu_bench'] + names['speculative'])} "
-                                           f"(tinyinfer bench speculative); curves: tinyinfer.simulate.sweep{extra}"))
+                                           f"(tinyinfer bench speculative); curves: tinyinfer.simulate.model.sweep{extra}"))
     if found["quant"]:
         commands = "; ".join(f"tinyinfer quantize --model {q['model']} {quantize_flags(q['format'])} -o {name}"
                              for q, name in zip(found["quant"], names["quant"]))

@@ -37,8 +37,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import tinyinfer
-from tinyinfer import bench_shapes as bs
-from tinyinfer.tp_launch import free_port, load_tensor_parallel, load_tensor_parallel_random
+from tinyinfer.bench import shapes as bs
+from tinyinfer.model.tp.launch import (
+    free_port,
+    load_tensor_parallel,
+    load_tensor_parallel_random,
+)
 
 GREEDY = tinyinfer.SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
 ALL_REDUCE_BYTES = (2 << 10, 8 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)

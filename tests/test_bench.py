@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import tinyinfer
-from tinyinfer import bench
-from tinyinfer import bench_shapes as bs
+from tinyinfer.bench import shapes as bs
+from tinyinfer.bench import workloads as bench
 
 
 def test_workload_is_reproducible_and_fits_the_context():
@@ -41,7 +41,7 @@ def test_prefix_hit_skips_the_cached_pages(oracle_model):
 
 def cli(*args: str, python: str = "") -> subprocess.CompletedProcess:
     """`tinyinfer ARGS` in a fresh interpreter, after running ``python`` in it."""
-    code = f"import sys\n{python}\nfrom tinyinfer.cli import main\nsys.exit(main(sys.argv[1:]))"
+    code = f"import sys\n{python}\nfrom tinyinfer.cli.commands import main\nsys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           timeout=300)
 

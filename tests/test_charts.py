@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tinyinfer.cli import main as tinyinfer
+from tinyinfer.cli.commands import main as tinyinfer
 
 pytest.importorskip("matplotlib")
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import tinyinfer
-from tinyinfer.cli import build_parser
+from tinyinfer.cli.commands import build_parser
 
 
 def parsers(parser: argparse.ArgumentParser, path: str = "tinyinfer"):

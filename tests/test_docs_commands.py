@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tinyinfer.cli import build_parser
+from tinyinfer.cli.commands import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "lessons" / "README.md",
@@ -51,7 +51,9 @@ def commands(path: Path) -> list[list[str]]:
         line = line.removeprefix("$ ")
         if not COMMAND.match(line):  # a screen capture also starts with the program's name
             continue
-        found.append(shlex.split(line, comments=True))
+        argv = shlex.split(line, comments=True)
+        assert not any(a.startswith("/tmp") for a in argv), f"{path.name}: `{line}` writes outside the reader's folder"
+        found.append(argv)
     return found
 
 

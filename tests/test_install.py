@@ -26,13 +26,13 @@ def without(packages: list[str], argv: list[str]) -> subprocess.CompletedProcess
     """Run the CLI in a Python where these packages cannot be imported (None in sys.modules
     makes `import` raise ModuleNotFoundError, exactly as on a machine without them)."""
     code = (f"import sys\nfor name in {packages!r}: sys.modules[name] = None\n"
-            f"from tinyinfer.cli import main\nsys.exit(main({argv!r}))")
+            f"from tinyinfer.cli.commands import main\nsys.exit(main({argv!r}))")
     return run_python(code)
 
 
 def test_the_default_path_imports_no_optional_package(tmp_path):
     out = str(tmp_path / "int4")
-    code = ("import sys\nfrom tinyinfer.cli import main\n"
+    code = ("import sys\nfrom tinyinfer.cli.commands import main\n"
             "assert main(['generate', 'ROMEO:', '--max-tokens', '3', '--seed', '1']) == 0\n"
             "assert main(['info']) == 0\n"
             f"assert main(['quantize', 'bundled', '--bits', '4', '-o', {out!r}]) == 0\n"

@@ -15,7 +15,7 @@ import pytest
 
 from lessons import checking, course
 from lessons.support import CLAIMS
-from tinyinfer import cli_lesson
+from tinyinfer.cli import lesson as cli_lesson
 from tinyinfer.loading import BUNDLED
 
 LESSONS = course.discover()

@@ -10,9 +10,9 @@ import sys
 
 from rich.console import Console
 
-from tinyinfer import progress
+from tinyinfer.display import progress
 
-BENCH = [sys.executable, "-m", "tinyinfer.cli", "bench", "prefix", "--system-tokens", "16"]
+BENCH = [sys.executable, "-m", "tinyinfer", "bench", "prefix", "--system-tokens", "16"]
 
 
 def run_with_terminal_stderr(command: list[str]) -> tuple[str, str]:

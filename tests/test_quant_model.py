@@ -10,11 +10,19 @@ import numpy as np
 import pytest
 
 import tinyinfer
-from tinyinfer import cli_quantize
+from tinyinfer.cli import quantize as cli_quantize
 from tinyinfer.errors import CheckpointError, TinyInferError
 from tinyinfer.model.numpy_ref import NumpyRunner, linear
-from tinyinfer.quant import (QuantConfig, QuantizationError, QuantizedWeight, dequantize, memory_row,
-                             quantize, quantize_weights, save_quantized)
+from tinyinfer.quant import (
+    QuantConfig,
+    QuantizationError,
+    QuantizedWeight,
+    dequantize,
+    memory_row,
+    quantize,
+    quantize_weights,
+    save_quantized,
+)
 from tinyinfer.weights import load_weights, read_safetensors
 
 PROMPT = [3, 17, 42, 5, 99, 1, 250, 7, 64, 128, 11, 300, 2, 45, 77, 190, 23]

@@ -11,9 +11,13 @@ import openai
 import pytest
 
 import tinyinfer
-from tinyinfer.server import ServerThread
-from tinyinfer.server_chat import (ChatTemplateError, JinjaChatTemplate, SimpleChatTemplate,
-                                   load_chat_template)
+from tinyinfer.serve.chat import (
+    ChatTemplateError,
+    JinjaChatTemplate,
+    SimpleChatTemplate,
+    load_chat_template,
+)
+from tinyinfer.serve.server import ServerThread
 
 # A ChatML-like template ending every turn with the eos token, as many checkpoints do.
 TEMPLATE = (

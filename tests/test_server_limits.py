@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tinyinfer
-from tinyinfer.server import ServerConfig, ServerThread
 from tests.held import HeldEngine
+from tinyinfer.serve.server import ServerConfig, ServerThread
 
 LONG = {"max_tokens": 240, "ignore_eos": True, "temperature": 0}
 
@@ -256,7 +256,7 @@ def test_serve_command_starts_serves_and_stops_on_interrupt(text_model_folder):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    wiring = ("import argparse, sys; from tinyinfer import cli_serve\n"  # as tinyinfer.cli does
+    wiring = ("import argparse, sys; from tinyinfer.cli import serve as cli_serve\n"  # as tinyinfer.cli.commands does
               "parser = argparse.ArgumentParser(); cli_serve.add_parser(parser.add_subparsers())\n"
               "try: sys.exit(cli_serve.run(parser.parse_args(sys.argv[1:])))\n"
               "except KeyboardInterrupt: sys.exit(130)")
@@ -289,7 +289,7 @@ def test_serve_command_starts_serves_and_stops_on_interrupt(text_model_folder):
 def test_serve_refuses_bad_limits(text_model_folder):
     import argparse
 
-    from tinyinfer import cli_serve
+    from tinyinfer.cli import serve as cli_serve
 
     parser = argparse.ArgumentParser()
     cli_serve.add_parser(parser.add_subparsers())

@@ -12,14 +12,24 @@ from pathlib import Path
 import pytest
 
 from tinyinfer.errors import TinyInferError
-from tinyinfer.simulate import (
-    HARDWARE, MODEL_CONFIGS, Efficiency, Scenario, SimulationError, bytes_per_weight,
-    kv_bytes_per_token, model_preset, parameter_counts, simulate, sweep, weight_bytes,
+from tinyinfer.simulate.model import (
+    HARDWARE,
+    MODEL_CONFIGS,
+    Efficiency,
+    Scenario,
+    Simulation,
+    SimulationError,
+    bytes_per_weight,
+    kv_bytes_per_token,
+    model_preset,
+    parameter_counts,
+    simulate,
+    sweep,
+    weight_bytes,
     weight_memory_table,
 )
-from tinyinfer.simulate import Simulation
-from tinyinfer.simulate_presets import H200_LINK_MEASUREMENTS
-from tinyinfer.simulate_quantity import Quantity, derive, evaluate, format_value, given
+from tinyinfer.simulate.presets import H200_LINK_MEASUREMENTS
+from tinyinfer.simulate.quantity import Quantity, derive, evaluate, format_value, given
 
 GB = 1e9
 
@@ -310,7 +320,7 @@ def test_c20_self_hosting_pays_off_above_a_utilization():
 
 
 def run_cli(argv: list[str], capsys) -> str:
-    from tinyinfer import cli_simulate
+    from tinyinfer.cli import simulate as cli_simulate
 
     parser = argparse.ArgumentParser(prog="tinyinfer")
     cli_simulate.add_parser(parser.add_subparsers(dest="command"))
@@ -342,7 +352,7 @@ def test_cli_list_and_json(capsys):
 
 
 def test_cli_context_must_leave_a_prompt():
-    from tinyinfer import cli_simulate
+    from tinyinfer.cli import simulate as cli_simulate
 
     parser = argparse.ArgumentParser()
     cli_simulate.add_parser(parser.add_subparsers(dest="command"))
@@ -355,7 +365,7 @@ def test_cli_context_must_leave_a_prompt():
 
 
 def test_nnls_is_least_squares_with_non_negative_unknowns():
-    from tinyinfer.simulate_calibrate import nnls
+    from tinyinfer.simulate.calibrate import nnls
 
     rows = [[1, 1], [1, 2], [1, 3]]
     assert nnls(rows, [5, 8, 11]) == pytest.approx([2, 3])  # y = 2 + 3x exactly
@@ -367,7 +377,8 @@ def test_nnls_is_least_squares_with_non_negative_unknowns():
 def cpu_measurements():
     """Real measurements of this CPU: microbenchmarks and a tiny Llama through the engine."""
     pytest.importorskip("torch")
-    from tinyinfer import simulate_calibrate as cal
+    from tinyinfer.bench import measure
+    from tinyinfer.simulate import calibrate as cal
 
     try:
         import tinyinfer.model.torch_fast  # noqa: F401
@@ -378,17 +389,19 @@ def cpu_measurements():
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
         "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256})
-    micro = cal.measure_device("cpu", "fp32", nbytes=4 << 20, n=128)
+    micro = measure.measure_device("cpu", "fp32", nbytes=4 << 20, n=128)
     cases = [cal.CalibrationCase(tiny, 1, 16, 4), cal.CalibrationCase(tiny, 4, 48, 4),
              cal.CalibrationCase(tiny, 8, 16, 4), cal.CalibrationCase(tiny, 2, 96, 4, fit=False)]
-    return cal, micro, cal.measure_engine(cases, "cpu", "fp32")
+    return cal, micro, measure.measure_engine(cases, "cpu", "fp32")
 
 
 def test_calibration_on_real_cpu_measurements(cpu_measurements):
+    from tinyinfer.bench.measure import hardware_for
+
     cal, micro, timings = cpu_measurements
     assert micro.copy_bandwidth > 1e6 and micro.matmul_flops > 1e6
     assert all(t.ttft > 0 and t.tpot > 0 for t in timings)
-    hardware = cal.hardware_for(micro)
+    hardware = hardware_for(micro)
     assert hardware.memory_bandwidth == micro.copy_bandwidth
     base = cal.fit_efficiency(hardware, micro, [])
     assert base == Efficiency(compute=1.0, attention=1.0, bandwidth=1.0)  # peaks: the measured rates
@@ -415,7 +428,7 @@ RECORDED_TP = Path(__file__).resolve().parents[1] / H200_LINK_MEASUREMENTS
 
 
 def test_tp_calibration_rows_load_from_the_json():
-    from tinyinfer.simulate_calibrate_tp import load_recorded
+    from tinyinfer.simulate.calibrate_tp import load_recorded
 
     rec = load_recorded(RECORDED_TP)
     assert rec.device == "4 x NVIDIA H200" and rec.date == "2026-11-26"
@@ -435,7 +448,11 @@ def test_tp_calibration_rows_load_from_the_json():
 def test_h200_link_constants_are_the_fit_and_reproduce_the_sweep():
     """Within 15% for messages up to 256 KiB (decode) and from 16 MiB; 1-4 MiB, where NCCL changes
     protocol, run up to 35% slower than one latency and one bandwidth say."""
-    from tinyinfer.simulate_calibrate_tp import fit_link, load_recorded, predict_all_reduce
+    from tinyinfer.simulate.calibrate_tp import (
+        fit_link,
+        load_recorded,
+        predict_all_reduce,
+    )
 
     rec = load_recorded(RECORDED_TP)
     h200 = HARDWARE["h200"]
@@ -451,7 +468,7 @@ def test_h200_link_constants_are_the_fit_and_reproduce_the_sweep():
 
 
 def test_tp_calibration_fits_this_engine_and_predicts_the_held_out_70b(capsys):
-    from tinyinfer.simulate_calibrate_tp import calibrate_recorded
+    from tinyinfer.simulate.calibrate_tp import calibrate_recorded
 
     cal = calibrate_recorded(RECORDED_TP)
     e = cal.efficiency
@@ -470,7 +487,7 @@ def test_tp_calibration_fits_this_engine_and_predicts_the_held_out_70b(capsys):
 
 
 def test_tp_calibration_says_what_is_wrong_with_a_bad_file(tmp_path):
-    from tinyinfer.simulate_calibrate_tp import load_recorded
+    from tinyinfer.simulate.calibrate_tp import load_recorded
 
     with pytest.raises(SimulationError, match="tp_gpu_check.py"):
         load_recorded(tmp_path / "missing.json")
@@ -499,7 +516,7 @@ def test_variant_stages_of_a_recording_stay_out_of_the_calibration(tmp_path):
     # options): calibrating on them would bend the fit (an untimed run reports 0 ms of comm).
     import copy
 
-    from tinyinfer.simulate_calibrate_tp import load_recorded
+    from tinyinfer.simulate.calibrate_tp import load_recorded
 
     data = json.loads(Path(RECORDED_TP).read_text())
     untimed = copy.deepcopy(data["llama3_8b_tp2"])

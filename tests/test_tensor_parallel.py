@@ -16,8 +16,13 @@ from tinyinfer import SamplingParams, TinyInferError
 from tinyinfer.config import load_config
 from tinyinfer.loading import BUNDLED
 from tinyinfer.model.runner import make_batch
-from tinyinfer.model.torch_tp import ShardRunner, VocabShard, check_tensor_parallel, shard_weights
-from tinyinfer.tp_launch import load_tensor_parallel, load_tensor_parallel_random
+from tinyinfer.model.tp.launch import load_tensor_parallel, load_tensor_parallel_random
+from tinyinfer.model.tp.shard import (
+    ShardRunner,
+    VocabShard,
+    check_tensor_parallel,
+    shard_weights,
+)
 from tinyinfer.trace import RankShare, StepTrace
 from tinyinfer.weights import load_weights
 
@@ -310,14 +315,14 @@ def test_cli_generate_with_tensor_parallel_equals_one_process():
 
     def run(*extra: str) -> str:
         result = subprocess.run(
-            [sys.executable, "-m", "tinyinfer.cli", "generate", "ROMEO:", "--runner", "torch",
+            [sys.executable, "-m", "tinyinfer", "generate", "ROMEO:", "--runner", "torch",
              "--max-tokens", "12", "--temperature", "0", *extra],
             capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
         return result.stdout
 
     assert run("--tensor-parallel", "2") == run()
-    refused = subprocess.run([sys.executable, "-m", "tinyinfer.cli", "generate", "hi",
+    refused = subprocess.run([sys.executable, "-m", "tinyinfer", "generate", "hi",
                               "--tensor-parallel", "2"], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "--runner torch" in refused.stderr
 
@@ -329,7 +334,7 @@ def test_cli_bench_latency_reports_ranks_and_all_reduce_time(tmp_path):
 
     out = tmp_path / "latency.json"
     result = subprocess.run(
-        [sys.executable, "-m", "tinyinfer.cli", "bench", "latency", "--runner", "torch",
+        [sys.executable, "-m", "tinyinfer", "bench", "latency", "--runner", "torch",
          "--tensor-parallel", "2", "--prompt-tokens", "16", "--max-tokens", "4", "--json", str(out)],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -340,7 +345,7 @@ def test_cli_bench_latency_reports_ranks_and_all_reduce_time(tmp_path):
     assert {"rank0_forward", "rank1_forward", "rank1_all_reduce"} <= set(row["rank_ms"])
     assert row["rank_ms"]["rank1_all_reduce"] < row["rank_ms"]["rank1_forward"] < row["tpot_p50_ms"]
     refused = subprocess.run(
-        [sys.executable, "-m", "tinyinfer.cli", "bench", "latency", "--runner", "torch",
+        [sys.executable, "-m", "tinyinfer", "bench", "latency", "--runner", "torch",
          "--tensor-parallel", "2", "--peer", "transformers"], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "without --tensor-parallel" in refused.stderr
 
@@ -374,7 +379,7 @@ def test_serve_with_tensor_parallel_answers_as_one_process_and_stops_its_workers
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tinyinfer.cli", "serve", "--runner", "torch", "--tensor-parallel", "2",
+        [sys.executable, "-m", "tinyinfer", "serve", "--runner", "torch", "--tensor-parallel", "2",
          "--port", str(port), "--served-model-name", "tp", "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -47,7 +47,7 @@ def test_eos_token_finishes_unless_ignored(model):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tinyinfer.cli", *args],
+    return subprocess.run([sys.executable, "-m", "tinyinfer", *args],
                           capture_output=True, text=True, timeout=120)
 
 

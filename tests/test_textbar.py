@@ -1,6 +1,6 @@
 """The terminal bar plot shared by `tinyinfer simulate --sweep` and the simulator TUI."""
 
-from tinyinfer.textbar import BarColumn, bar, bar_table
+from tinyinfer.display.bars import BarColumn, bar, bar_table
 
 
 def filled_eighths(cells: str) -> int:

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from tinyinfer import threads
+from tinyinfer.model import threads
 
 READ_BACK = """
 import json, sys
 import torch
 from threadpoolctl import threadpool_info
-from tinyinfer.cli import main
+from tinyinfer.cli.commands import main
 code = main(sys.argv[1:])
 print(json.dumps({"torch": torch.get_num_threads(),
                   "blas": [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]}))
@@ -45,7 +45,7 @@ def test_threads_flag_sets_torch_and_blas_and_beats_the_environment(tmp_path, fl
 
 
 def test_numpy_commands_leave_torch_unimported():
-    code = ("import sys; from tinyinfer.cli import main; main(['info', '--threads', '2']); "
+    code = ("import sys; from tinyinfer.cli.commands import main; main(['info', '--threads', '2']); "
             "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -74,7 +74,7 @@ def test_hyperthread_siblings_count_once(tmp_path):
 
 @pytest.mark.parametrize("bad", ["0", "two"])
 def test_bad_threads_flag_is_one_line_exit_2(bad):
-    done = subprocess.run([sys.executable, "-m", "tinyinfer.cli", "generate", "hi", "--threads", bad],
+    done = subprocess.run([sys.executable, "-m", "tinyinfer", "generate", "hi", "--threads", bad],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "--threads" in done.stderr.splitlines()[-1]

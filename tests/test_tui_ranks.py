@@ -8,17 +8,16 @@ from pathlib import Path
 import pytest
 
 import tinyinfer
-from tinyinfer.cli import main as tinyinfer_main
+from tests.tui_pilot import settle, started
+from tinyinfer.cli.commands import main as tinyinfer_main
 from tinyinfer.errors import TinyInferError
-from tinyinfer.tp_launch import load_tensor_parallel
-
+from tinyinfer.model.tp.launch import load_tensor_parallel
 from tui.app import TinyInferApp
 from tui.options import Options
 from tui.panels.pages import PagesPanel
 from tui.panels.ranks import RanksPanel
 from tui.scenarios import SCENARIOS
 from tui.session import Session
-from tests.tui_pilot import settle, started
 
 TP = dict(runner="torch", tensor_parallel=2)
 

@@ -9,12 +9,11 @@ import pytest
 
 import tinyinfer
 from tinyinfer.trace import read_trace
-
 from tui import cli
 from tui.frames import replay_frames
 from tui.narration import narrate
-from tui.scenarios import SCENARIOS
 from tui.options import Options
+from tui.scenarios import SCENARIOS
 from tui.session import Session, open_session
 
 
@@ -217,7 +216,7 @@ def test_without_a_draft_model_speculation_uses_prompt_lookup(text_model_folder)
     (["--speculative"], "draft model bundled-draft"),  # bare: a draft model when there is one
 ])
 def test_cli_speculative_picks_the_drafter(flags, drafter):
-    from tinyinfer.cli import build_parser
+    from tinyinfer.cli.commands import build_parser
 
     session = open_session(cli.options_from_args(build_parser().parse_args(["tui", *flags])))
     assert session.source.drafter == drafter

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import Select, Static
 
-from tinyinfer.simulate import Scenario, simulate
-
+from tinyinfer.simulate.model import Scenario, simulate
 from tui.simulator_app import SimulatorApp
 from tui.simulator_knob import NumberKnob
 from tui.simulator_results import ResultsTable

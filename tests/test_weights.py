@@ -12,7 +12,7 @@ from tinyinfer.config import load_config
 from tinyinfer.loading import BUNDLED
 from tinyinfer.model.runner import make_batch
 from tinyinfer.model.torch_fast import TorchRunner
-from tinyinfer.model.torch_tp import shard_weights
+from tinyinfer.model.tp.shard import shard_weights
 from tinyinfer.weights import Bf16Array, load_weights, read_checkpoint
 
 

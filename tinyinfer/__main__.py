@@ -2,6 +2,6 @@
 
 import sys
 
-from tinyinfer.cli import main
+from tinyinfer.cli.commands import main
 
 sys.exit(main())

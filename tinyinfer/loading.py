@@ -10,9 +10,20 @@ from typing import Any, Sequence
 import numpy as np
 
 from tinyinfer.config import ModelConfig, load_config
-from tinyinfer.errors import PromptError, TinyInferError, TokenizerError, missing_package
+from tinyinfer.errors import (
+    PromptError,
+    TinyInferError,
+    TokenizerError,
+    missing_package,
+)
 from tinyinfer.model.runner import ModelRunner, make_batch
-from tinyinfer.quant import QuantConfig, QuantizedWeight, load_quantized, quantize_weights, read_quant_config
+from tinyinfer.quant import (
+    QuantConfig,
+    QuantizedWeight,
+    load_quantized,
+    quantize_weights,
+    read_quant_config,
+)
 from tinyinfer.tokenizer import Tokenizer, load_tokenizer
 from tinyinfer.weights import load_weights
 
@@ -97,14 +108,26 @@ def resolve_source(source: str | Path) -> tuple[Path, str]:
 
 def load(source: str | Path = "bundled", runner: str = "numpy", device: str | None = None,
          dtype: str | None = None, quantize: str | QuantConfig | None = None,
-         **runner_options: Any) -> Model:
-    """Load a model folder (HF layout) or a bundled model with the chosen runner.
+         tensor_parallel: int = 1, **runner_options: Any) -> Model:
+    """Load a model folder (HF layout) or a bundled model with the chosen runner: the one entry
+    point of the CLI, the TUI, the lessons and the server.
 
     ``quantize`` ("int8", "int4", "int4-g64", "int4-g32-asym", ...) quantizes the linear
     weights as they load; a folder written by ``tinyinfer quantize`` loads quantized as saved.
+    ``tensor_parallel`` > 1 splits the model over that many processes (torch runner), this one
+    being rank 0.
     """
     if runner not in RUNNERS:
         raise TinyInferError(f"runner must be one of {RUNNERS}, got {runner}")
+    if tensor_parallel != 1:
+        if runner != "torch":
+            raise TinyInferError("tensor parallelism runs on the torch runner (--runner torch)")
+        try:
+            from tinyinfer.model.tp.launch import load_tensor_parallel
+        except ModuleNotFoundError as exc:
+            raise missing_package(exc) or exc from None
+        return load_tensor_parallel(source, tensor_parallel, device=device, dtype=dtype,
+                                    quantize=quantize, **runner_options)
     path, name = resolve_source(source)
     config = load_config(path)
     weights, quantization = _load_weights(path, config, quantize, lazy=runner == "torch")
@@ -120,12 +143,18 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
         except ModuleNotFoundError as exc:
             raise missing_package(exc) or exc from None
         model_runner = TorchRunner(config, weights, device=device, dtype=dtype, **runner_options)
+    return with_tokenizer(path, name, config, model_runner, quantization)
+
+
+def with_tokenizer(path: Path, name: str, config: ModelConfig, runner: ModelRunner,
+                   quantization: QuantConfig | None = None) -> Model:
+    """The Model of a runner, with the folder's tokenizer (or the reason it has none)."""
     tokenizer, error = None, ""
     try:
         tokenizer = load_tokenizer(path, eos_token_id=(config.eos_token_ids or (None,))[0])
     except TokenizerError as exc:
         error = f"{name} has no usable tokenizer: {exc}"
-    return Model(config=config, runner=model_runner, path=path, name=name, quantization=quantization,
+    return Model(config=config, runner=runner, path=path, name=name, quantization=quantization,
                  _tokenizer=tokenizer, _tokenizer_error=error)
 
 

@@ -25,11 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
-from tinyinfer import progress
 from tinyinfer.config import ModelConfig
+from tinyinfer.display import progress
 from tinyinfer.errors import CheckpointError, TinyInferError
-from tinyinfer.weights import (Bf16Array, float32_to_bf16_bits, internal_shapes, read_checkpoint,
-                               write_safetensors)
+from tinyinfer.weights import (
+    Bf16Array,
+    float32_to_bf16_bits,
+    internal_shapes,
+    read_checkpoint,
+    write_safetensors,
+)
 
 BITS = (8, 4)
 GROUP_SIZES = (32, 64, 128)

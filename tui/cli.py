@@ -6,9 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from tinyinfer.cli_common import Parser, add_threads_arg, fail, positive_int
+from tinyinfer.cli.common import Parser, add_threads_arg, fail, positive_int
 from tinyinfer.errors import TinyInferError
-
 from tui.options import Options
 from tui.scenarios import SCENARIOS
 
@@ -70,7 +69,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
 
 def run(args: argparse.Namespace) -> int:
     """Start the TUI with parsed arguments; returns the exit status."""
-    from tinyinfer import progress
+    from tinyinfer.display import progress
     from tui.app import TinyInferApp
     from tui.session import load_model
 

@@ -16,11 +16,18 @@ import tinyinfer
 from tinyinfer.errors import TinyInferError
 from tinyinfer.loading import BUNDLED
 from tinyinfer.quant import QuantConfig
-from tinyinfer.speculative import DraftModelDrafter, Drafter, PromptLookupDrafter
+from tinyinfer.speculative import Drafter, DraftModelDrafter, PromptLookupDrafter
 from tinyinfer.trace import StepTrace, read_trace
-
-from tui.frames import (Frame, SeqView, Token, after_abort, after_add, after_step, replay_frames,
-                        start_frame)
+from tui.frames import (
+    Frame,
+    SeqView,
+    Token,
+    after_abort,
+    after_add,
+    after_step,
+    replay_frames,
+    start_frame,
+)
 from tui.options import Options
 from tui.scenarios import SCENARIOS, Arrival, Scenario
 
@@ -270,13 +277,10 @@ def load_model(options: Options, quantize: str | None = None) -> tinyinfer.Model
     """The model the options name. With --tensor-parallel it is split over worker processes (on
     the CPU unless a device is given): load it before a Textual app runs, whose stand-in for
     sys.stderr has no file descriptor for multiprocessing to pass on, and close its runner after."""
-    if options.tensor_parallel > 1:
-        from tinyinfer.tp_launch import load_tensor_parallel  # torch: only when asked for
-
-        return load_tensor_parallel(options.model, tensor_parallel=options.tensor_parallel,
-                                    device=options.device or "cpu")
-    return tinyinfer.load(options.model, runner=options.runner, device=options.device,
-                          quantize=quantize)
+    split = options.tensor_parallel > 1
+    return tinyinfer.load(options.model, runner=options.runner,
+                          device=options.device or ("cpu" if split else None), quantize=quantize,
+                          tensor_parallel=options.tensor_parallel)
 
 
 def speculation_for(options: Options, model: tinyinfer.Model, on: bool) -> Speculation:

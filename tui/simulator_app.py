@@ -8,8 +8,7 @@ import sys
 from textual.app import App
 from textual.binding import Binding
 
-from tinyinfer.simulate import Scenario, SimulationError
-
+from tinyinfer.simulate.model import Scenario, SimulationError
 from tui.simulator_screen import SimulatorScreen
 
 

@@ -8,7 +8,7 @@ from textual.containers import ScrollableContainer
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from tinyinfer.simulate import Simulation
+from tinyinfer.simulate.model import Simulation
 
 
 class Derivation(ScrollableContainer):

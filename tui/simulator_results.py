@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import DataTable
 
-from tinyinfer.simulate import Simulation
+from tinyinfer.simulate.model import Simulation
 
 
 class ResultsTable(DataTable):

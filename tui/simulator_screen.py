@@ -18,11 +18,20 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import DataTable, Footer, Input, Label, Select, Static
 
-from tinyinfer.simulate import (
-    HARDWARE, KV_PRECISIONS, MODEL_CONFIGS, WEIGHT_PRECISIONS, Hardware, ModelSpec, Scenario, Simulation,
-    SimulationError, model_preset, simulate, sweep,
+from tinyinfer.simulate.model import (
+    HARDWARE,
+    KV_PRECISIONS,
+    MODEL_CONFIGS,
+    WEIGHT_PRECISIONS,
+    Hardware,
+    ModelSpec,
+    Scenario,
+    Simulation,
+    SimulationError,
+    model_preset,
+    simulate,
+    sweep,
 )
-
 from tui.simulator_explain import Derivation
 from tui.simulator_knob import NumberKnob
 from tui.simulator_results import ResultsTable

@@ -6,8 +6,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from tinyinfer.simulate import Simulation
-from tinyinfer.textbar import bar
+from tinyinfer.display.bars import bar
+from tinyinfer.simulate.model import Simulation
 
 BAR_WIDTH = 12
 

@@ -7,7 +7,7 @@ from types import ModuleType
 import numpy as np
 
 from lessons.support import claim, heading, heldout_text, load_model, table
-from tinyinfer import bench
+from tinyinfer.bench import workloads as bench
 from tinyinfer.loading import Model
 from tinyinfer.model.runner import make_batch
 

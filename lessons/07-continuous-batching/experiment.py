@@ -7,7 +7,7 @@ from types import ModuleType
 import numpy as np
 
 from lessons.support import claim, heading, heldout_text, load_model, table
-from tinyinfer import bench
+from tinyinfer.bench import workloads as bench
 
 
 def prompts(ids: list[int], n: int, length: int) -> list[tuple[int, ...]]:

@@ -10,9 +10,9 @@ from lessons.checking import Checklist, expect, expect_close
 from tinyinfer.quant import QuantConfig, codes_and_zeros
 from tinyinfer.quant import dequantize as engine_dequantize
 from tinyinfer.quant import quantize as engine_quantize
-from tinyinfer.simulate import model_preset, parameter_counts
-from tinyinfer.simulate_memory import weight_bytes as simulated_bytes
-from tinyinfer.simulate_memory import weight_group_size
+from tinyinfer.simulate.memory import weight_bytes as simulated_bytes
+from tinyinfer.simulate.memory import weight_group_size
+from tinyinfer.simulate.model import model_preset, parameter_counts
 
 checks = Checklist()
 

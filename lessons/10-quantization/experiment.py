@@ -11,8 +11,8 @@ import numpy as np
 import tinyinfer
 from lessons.support import claim, heading, heldout_text, human_bytes, load_model, table
 from tinyinfer.loading import Model
-from tinyinfer.simulate import model_preset, parameter_counts
-from tinyinfer.simulate_memory import weight_group_size
+from tinyinfer.simulate.memory import weight_group_size
+from tinyinfer.simulate.model import model_preset, parameter_counts
 
 LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
 GROUP = 128  # int4 weights per scale, the common default

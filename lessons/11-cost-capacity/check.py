@@ -1,11 +1,11 @@
-"""Lesson 11 checker: your arithmetic against the simulator (tinyinfer.simulate) on real presets."""
+"""Lesson 11 checker: your arithmetic against the simulator (tinyinfer.simulate.model) on real presets."""
 
 from __future__ import annotations
 
 from types import ModuleType
 
 from lessons.checking import Checklist, expect_close, expect_equal
-from tinyinfer.simulate import Scenario, model_preset, parameter_counts, simulate
+from tinyinfer.simulate.model import Scenario, model_preset, parameter_counts, simulate
 
 checks = Checklist()
 

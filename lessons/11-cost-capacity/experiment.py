@@ -7,9 +7,23 @@ import time
 from types import ModuleType
 
 import tinyinfer
-from lessons.support import claim, heading, heldout_text, load_model, measure_machine, table
-from tinyinfer.simulate import Efficiency, Hardware, Scenario, model_preset, parameter_counts, simulate
-from tinyinfer.simulate_presets import model_from_folder
+from lessons.support import (
+    claim,
+    heading,
+    heldout_text,
+    load_model,
+    measure_machine,
+    table,
+)
+from tinyinfer.simulate.model import (
+    Efficiency,
+    Hardware,
+    Scenario,
+    model_preset,
+    parameter_counts,
+    simulate,
+)
+from tinyinfer.simulate.presets import model_from_folder
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 FLOOR = 20.0  # tokens/s per user: faster than anyone reads, the bar for "acceptable" here

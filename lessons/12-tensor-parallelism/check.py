@@ -1,5 +1,5 @@
 """Lesson 12 checker: your splits against the engine's shard_weights; your all-reduce against a plain
-sum; your step time against the simulator's (tinyinfer.simulate) on real presets."""
+sum; your step time against the simulator's (tinyinfer.simulate.model) on real presets."""
 
 from __future__ import annotations
 
@@ -7,12 +7,19 @@ from types import ModuleType
 
 import numpy as np
 
-from lessons.checking import CaseFailed, Checklist, expect, expect_close, expect_equal, expect_raises
+from lessons.checking import (
+    CaseFailed,
+    Checklist,
+    expect,
+    expect_close,
+    expect_equal,
+    expect_raises,
+)
 from lessons.support import tiny_config, tiny_model
 from tinyinfer.model.numpy_ref import linear, silu
-from tinyinfer.model.torch_tp import shard_weights
-from tinyinfer.simulate import Scenario, Simulation, model_preset, simulate
-from tinyinfer.simulate_steps import all_reduce_count, rates
+from tinyinfer.model.tp.shard import shard_weights
+from tinyinfer.simulate.model import Scenario, Simulation, model_preset, simulate
+from tinyinfer.simulate.steps import all_reduce_count, rates
 
 checks = Checklist()
 

@@ -13,16 +13,23 @@ import numpy as np
 import torch.distributed as dist
 
 import tinyinfer
-from lessons.support import LessonError, claim, heading, heldout_text, human_bytes, load_model, table
+from lessons.support import (
+    LessonError,
+    claim,
+    heading,
+    heldout_text,
+    human_bytes,
+    load_model,
+    table,
+)
 from tinyinfer.config import ModelConfig
 from tinyinfer.loading import Model
 from tinyinfer.model.numpy_ref import embedding, linear, rms_norm, silu
-from tinyinfer.model.torch_tp import shard_weights
-from tinyinfer.simulate import Efficiency, Scenario, model_preset, simulate
-from tinyinfer.simulate_calibrate_tp import TPCalibration, calibrate_recorded
-from tinyinfer.simulate_presets import Hardware
-from tinyinfer.simulate_steps import rates
-from tinyinfer.tp_launch import load_tensor_parallel
+from tinyinfer.model.tp.shard import shard_weights
+from tinyinfer.simulate.calibrate_tp import TPCalibration, calibrate_recorded
+from tinyinfer.simulate.model import Efficiency, Scenario, model_preset, simulate
+from tinyinfer.simulate.presets import Hardware
+from tinyinfer.simulate.steps import rates
 from tinyinfer.trace import StepTrace
 
 RECORDED = Path(__file__).resolve().parents[2] / "docs" / "tp_gpu_check_2026-11-26-h200x4.json"
@@ -117,7 +124,7 @@ def on_this_cpu(impl: ModuleType, m: Model, quick: bool) -> None:
     ids = m.tokenizer.encode(heldout_text(6000))
     prompts = [ids[i * 300:i * 300 + 24] for i in range(2 if quick else 4)]
     ref = tinyinfer.load(m.path, runner="torch", device="cpu")
-    tp = load_tensor_parallel(m.path, tensor_parallel=2, device="cpu")
+    tp = tinyinfer.load(m.path, runner="torch", tensor_parallel=2, device="cpu")
     try:
         gap = float(np.abs(tp.logits(ids[:64]) - ref.logits(ids[:64])).max())
         runs = {name: generate(model, prompts, 8 if quick else 32) for name, model in (("TP=1", ref), ("TP=2", tp))}
@@ -159,7 +166,7 @@ def predict(impl: ModuleType, config: ModelConfig, total_bytes: float, bandwidth
     """The student's step time on the recorded link; given this engine's fitted terms, with them too.
 
     This engine adds to each all-reduce a wait that grows with the step's all-reduce count and a
-    fixed cost around it, and to each step a host overhead (tinyinfer/simulate_calibrate_tp.py).
+    fixed cost around it, and to each step a host overhead (tinyinfer/simulate/calibrate_tp.py).
     """
     latency = rates(hw, Efficiency(), gpus, "bf16").all_reduce_latency.value
     extra, overhead = 0.0, 0.0

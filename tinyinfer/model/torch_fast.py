@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tinyinfer import progress
 from tinyinfer.config import ModelConfig, rope_inverse_frequencies
+from tinyinfer.display import progress
 from tinyinfer.errors import TinyInferError
 from tinyinfer.model import torch_layers as layers
 from tinyinfer.model.runner import Batch, TopLogits

@@ -21,15 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from tinyinfer import progress
-from tinyinfer.bench import Request
+from tinyinfer.bench.workloads import Request
 from tinyinfer.config import ModelConfig
+from tinyinfer.display import progress
+from tinyinfer.display.tables import table
 from tinyinfer.engine import Engine
 from tinyinfer.errors import TinyInferError
 from tinyinfer.loading import Model, load, resolve_source
 from tinyinfer.sampling import SamplingParams
-from tinyinfer.simulate_presets import MODEL_CONFIGS
-from tinyinfer.tables import table
+from tinyinfer.simulate.presets import MODEL_CONFIGS
 
 BENCH_SHAPES = ("gpt2", "llama-3.2-1b", "qwen2.5-0.5b", "llama-3-8b")
 
@@ -84,7 +84,7 @@ def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
 def shape_tensor_parallel(name: str, tensor_parallel: int, device: str, dtype: str,
                           max_len: int = 2048) -> Model:
     """A preset shape with random weights split over ``tensor_parallel`` ranks (each draws its shard)."""
-    from tinyinfer.tp_launch import load_tensor_parallel_random
+    from tinyinfer.model.tp.launch import load_tensor_parallel_random
 
     config, _ = shape_config(name, max_len)
     per_rank = config.num_parameters * (4 if dtype == "float32" else 2) // tensor_parallel

@@ -1,9 +1,9 @@
 """Starting a tensor-parallel model: N - 1 worker processes, one process group, rank 0 here.
 
-    model = load_tensor_parallel("bundled", tensor_parallel=2)   # a tinyinfer.Model
-    engine = tinyinfer.Engine(model)                             # unchanged: rank 0 drives
+    model = tinyinfer.load("bundled", runner="torch", tensor_parallel=2)   # a tinyinfer.Model
+    engine = tinyinfer.Engine(model)             # unchanged: rank 0 drives
     ...
-    model.runner.close()                                         # or let atexit do it
+    model.runner.close()                         # or let atexit do it
 
 Workers are started with torch.multiprocessing's "spawn" (a fresh interpreter each, as CUDA
 requires), so a script that loads a tensor-parallel model must guard its top level with
@@ -28,14 +28,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tinyinfer import progress, threads
 from tinyinfer.config import ModelConfig, load_config
-from tinyinfer.errors import TinyInferError, TokenizerError
-from tinyinfer.loading import Model, resolve_source
-from tinyinfer.model.torch_tp import ShardRunner, check_tensor_parallel, random_shard_weights
-from tinyinfer.model.torch_tp_runner import TensorParallelRunner, serve_worker
+from tinyinfer.display import progress
+from tinyinfer.errors import TinyInferError
+from tinyinfer.loading import Model, resolve_source, with_tokenizer
+from tinyinfer.model import threads
 from tinyinfer.model.torch_weights import pick_device
-from tinyinfer.tokenizer import load_tokenizer
+from tinyinfer.model.tp.runner import TensorParallelRunner, serve_worker
+from tinyinfer.model.tp.shard import (
+    ShardRunner,
+    check_tensor_parallel,
+    random_shard_weights,
+)
 from tinyinfer.weights import load_weights
 
 
@@ -72,14 +76,7 @@ def load_tensor_parallel(source: str | Path = "bundled", tensor_parallel: int = 
     path, name = resolve_source(source)
     config = load_config(path)
     spec = _spec(config, path, tensor_parallel, device, dtype, runner_options)
-    tokenizer, error = None, ""
-    try:
-        tokenizer = load_tokenizer(path, eos_token_id=(config.eos_token_ids or (None,))[0])
-    except TokenizerError as exc:
-        error = f"{name} has no usable tokenizer: {exc}"
-    model = _launch(spec, config, name, startup_timeout)
-    model._tokenizer, model._tokenizer_error = tokenizer, error
-    return model
+    return with_tokenizer(path, name, config, _launch(spec, startup_timeout))
 
 
 def load_tensor_parallel_random(config: ModelConfig, tensor_parallel: int = 2, device: str | None = None,
@@ -91,7 +88,8 @@ def load_tensor_parallel_random(config: ModelConfig, tensor_parallel: int = 2, d
     to fit anywhere whole. No tokenizer: feed token ids.
     """
     spec = _spec(config, None, tensor_parallel, device, dtype, runner_options, seed=seed)
-    return _launch(spec, config, name, startup_timeout)
+    return Model(config=config, runner=_launch(spec, startup_timeout), path=Path(name), name=name,
+                 _tokenizer_error=f"{name} has random weights and no tokenizer: pass token ids")
 
 
 def _spec(config: ModelConfig, path: Path | None, world: int, device: str | None, dtype: str | None,
@@ -111,8 +109,8 @@ def _spec(config: ModelConfig, path: Path | None, world: int, device: str | None
                       random_config=config if path is None else None, seed=seed, threads=per_rank)
 
 
-def _launch(spec: LaunchSpec, config: ModelConfig, name: str, startup_timeout: float) -> Model:
-    """Start the workers, build rank 0's shard, join the group; a Model whose runner is rank 0."""
+def _launch(spec: LaunchSpec, startup_timeout: float) -> TensorParallelRunner:
+    """Start the workers, build rank 0's shard, join the group; rank 0's runner drives the rest."""
     workers = _Workers.start(spec)
     if spec.threads is not None:
         threads.use(spec.threads)
@@ -127,8 +125,7 @@ def _launch(spec: LaunchSpec, config: ModelConfig, name: str, startup_timeout: f
         raise
     runner = TensorParallelRunner(shard, workers.conns, workers_alive=workers.alive, on_close=workers.stop)
     atexit.register(runner.close)
-    return Model(config=config, runner=runner, path=spec.path or Path(name), name=name,  # type: ignore[arg-type]
-                 _tokenizer_error=f"{name} has random weights and no tokenizer: pass token ids")
+    return runner
 
 
 def free_port() -> int:

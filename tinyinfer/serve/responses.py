@@ -11,7 +11,7 @@ import uuid
 from typing import Any, Sequence
 
 from tinyinfer.errors import TokenizerError
-from tinyinfer.server_loop import Delta, Usage
+from tinyinfer.serve.loop import Delta, Usage
 from tinyinfer.tokenizer import Tokenizer
 
 

@@ -28,11 +28,17 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinyinfer.simulate import Efficiency, Scenario, Simulation, simulate
-from tinyinfer.simulate_calibrate import DEVICE_PRESETS, nnls
-from tinyinfer.simulate_presets import HARDWARE, Hardware, ModelSpec, SimulationError, model_preset
-from tinyinfer.simulate_quantity import Quantity, format_value, given
-from tinyinfer.simulate_steps import rates, wire_time
+from tinyinfer.simulate.calibrate import DEVICE_PRESETS, nnls
+from tinyinfer.simulate.model import Efficiency, Scenario, Simulation, simulate
+from tinyinfer.simulate.presets import (
+    HARDWARE,
+    Hardware,
+    ModelSpec,
+    SimulationError,
+    model_preset,
+)
+from tinyinfer.simulate.quantity import Quantity, format_value, given
+from tinyinfer.simulate.steps import rates, wire_time
 
 PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 

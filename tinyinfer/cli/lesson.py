@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tinyinfer.cli_common import fail
+from tinyinfer.cli.common import fail
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -9,13 +9,13 @@ from typing import Any
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the `serve` command on the top-level parser's subparsers."""
-    from tinyinfer.cli import _add_model_args
+    from tinyinfer.cli.args import add_model_args
 
     parser = subparsers.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API (streaming)",
         description="OpenAI-compatible server: /v1/completions, /v1/chat/completions, "
                     "/v1/models, /health, /metrics. Ctrl-C finishes or aborts in-flight requests.")
-    _add_model_args(parser)
+    add_model_args(parser)
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind, 127.0.0.1: this machine only")
     parser.add_argument("--port", type=int, default=8000, help="TCP port")
@@ -38,9 +38,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Load the model, then serve until interrupted."""
     import tinyinfer
+    from tinyinfer.cli.args import load_model
     from tinyinfer.errors import TinyInferError
-    from tinyinfer.cli import load_model
-    from tinyinfer.server import ServerConfig, serve
+    from tinyinfer.serve.server import ServerConfig, serve
 
     for name in ("max_num_seqs", "request_timeout", "shutdown_timeout"):
         if getattr(args, name) <= 0:

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from tinyinfer import progress
+from tinyinfer.display import progress
+from tinyinfer.display.tables import table
 from tinyinfer.engine import Engine
 from tinyinfer.loading import Model
 from tinyinfer.sampling import SamplingParams
-from tinyinfer.tables import table
 
 
 @dataclass(frozen=True)

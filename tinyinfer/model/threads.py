@@ -56,9 +56,8 @@ def default_threads() -> int:
 
 def use(threads: int | None = None) -> int:
     """Set torch's (if imported) and every loaded BLAS / OpenMP pool's threads; returns the count."""
-    from threadpoolctl import threadpool_limits
-
     import numpy  # noqa: F401  (loads the BLAS that threadpoolctl is to limit)
+    from threadpoolctl import threadpool_limits
 
     count = threads or default_threads()
     os.environ[ENV] = str(count)

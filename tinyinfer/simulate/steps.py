@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tinyinfer.config import ModelConfig
-from tinyinfer.simulate_memory import ParameterCounts
-from tinyinfer.simulate_presets import Hardware
-from tinyinfer.simulate_quantity import Quantity, derive, given
+from tinyinfer.simulate.memory import ParameterCounts
+from tinyinfer.simulate.presets import Hardware
+from tinyinfer.simulate.quantity import Quantity, derive, given
 
 
 @dataclass(frozen=True)

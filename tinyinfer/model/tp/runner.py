@@ -28,7 +28,7 @@ from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
 from tinyinfer.model.runner import Batch, TopLogits
 from tinyinfer.model.torch_fast import TorchKVCache
-from tinyinfer.model.torch_tp import RankTiming, ShardRunner, rank_shares
+from tinyinfer.model.tp.shard import RankTiming, ShardRunner, rank_shares
 from tinyinfer.trace import RankShare
 
 

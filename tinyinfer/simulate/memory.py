@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tinyinfer.config import ModelConfig
-from tinyinfer.simulate_presets import ModelSpec, SimulationError
-from tinyinfer.simulate_quantity import Quantity, derive, given
+from tinyinfer.simulate.presets import ModelSpec, SimulationError
+from tinyinfer.simulate.quantity import Quantity, derive, given
 
 WEIGHT_PRECISIONS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}  # bits
 KV_PRECISIONS = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}  # bytes per value

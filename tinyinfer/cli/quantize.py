@@ -10,8 +10,16 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tinyinfer.errors import TinyInferError
-from tinyinfer.quant import (CONFIG_FILE, LayerError, QuantConfig, layer_errors, quantize_weights,
-                             read_quant_config, save_quantized, weights_nbytes)
+from tinyinfer.quant import (
+    CONFIG_FILE,
+    LayerError,
+    QuantConfig,
+    layer_errors,
+    quantize_weights,
+    read_quant_config,
+    save_quantized,
+    weights_nbytes,
+)
 
 ERRORS_FILE = "layer_errors.json"  # each quantized weight's LayerError, written next to the checkpoint
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".safetensors.index.json", ".bin.index.json")

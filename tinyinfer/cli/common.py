@@ -7,7 +7,7 @@ import re
 import sys
 from typing import Any, NoReturn
 
-from tinyinfer import threads
+from tinyinfer.model import threads
 
 PREFIX = "tinyinfer: error:"
 

@@ -6,13 +6,30 @@ import argparse
 import json
 from typing import Any, Sequence
 
-from tinyinfer.cli_common import add_alias, add_json, positive_int, write_json
-from tinyinfer.simulate import (
-    ASSUMPTIONS, HARDWARE, KV_PRECISIONS, MODEL_CONFIGS, WEIGHT_PRECISIONS, Efficiency, Scenario,
-    Simulation, SimulationError, model_preset, parameter_counts, simulate, sweep,
+from tinyinfer.cli.common import (
+    add_alias,
+    add_json,
+    add_threads_arg,
+    positive_int,
+    write_json,
 )
-from tinyinfer.simulate_quantity import format_value
-from tinyinfer.textbar import BarColumn, bar_table
+from tinyinfer.display.bars import BarColumn, bar_table
+from tinyinfer.simulate.model import (
+    ASSUMPTIONS,
+    HARDWARE,
+    KV_PRECISIONS,
+    MODEL_CONFIGS,
+    WEIGHT_PRECISIONS,
+    Efficiency,
+    Scenario,
+    Simulation,
+    SimulationError,
+    model_preset,
+    parameter_counts,
+    simulate,
+    sweep,
+)
+from tinyinfer.simulate.quantity import format_value
 
 DEFAULT_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -84,8 +101,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "JSON file of scripts/tp_gpu_check.py, fit the link and the engine's "
                         "tensor-parallel terms to those recorded runs instead (no device needed)")
     p.add_argument("--device", default=None, help="torch device for --calibrate (default: cuda if any)")
-    from tinyinfer.cli import add_threads_arg  # here: tinyinfer.cli imports this module
-
     add_threads_arg(p)
     return p
 
@@ -96,12 +111,16 @@ def run(args: argparse.Namespace) -> int:
         print(presets_table())
         return 0
     if args.calibrate:
-        from tinyinfer.simulate_calibrate_tp import calibrate_recorded, tensor_parallel_report
+        from tinyinfer.simulate.calibrate_tp import (
+            calibrate_recorded,
+            tensor_parallel_report,
+        )
 
         print(tensor_parallel_report(calibrate_recorded(args.calibrate)))
         return 0
     if args.calibrate is not None:
-        from tinyinfer.simulate_calibrate import calibrate, calibration_report
+        from tinyinfer.bench.measure import calibrate
+        from tinyinfer.simulate.calibrate import calibration_report
 
         result = calibrate(args.device)
         print(calibration_report(result))

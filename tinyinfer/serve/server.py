@@ -26,19 +26,30 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import (
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tinyinfer.engine import Engine
 from tinyinfer.errors import TinyInferError
 from tinyinfer.sampling import SamplingParams
-from tinyinfer.server_chat import load_chat_template
-from tinyinfer.server_loop import Delta, EngineLoop, Failure, Job, Usage
-from tinyinfer.server_metrics import Metrics
-from tinyinfer.server_responses import ChatShape, CompletionShape, Shape
-from tinyinfer.server_schemas import (APIError, Options, engine_error, parse_chat,
-                                      parse_completion, parse_json_object)
+from tinyinfer.serve.chat import load_chat_template
+from tinyinfer.serve.loop import Delta, EngineLoop, Failure, Job, Usage
+from tinyinfer.serve.metrics import Metrics
+from tinyinfer.serve.responses import ChatShape, CompletionShape, Shape
+from tinyinfer.serve.schemas import (
+    APIError,
+    Options,
+    engine_error,
+    parse_chat,
+    parse_completion,
+    parse_json_object,
+)
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used only in metrics

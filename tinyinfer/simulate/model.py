@@ -18,16 +18,37 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Iterable
 
-from tinyinfer.simulate_presets import (
-    HARDWARE, MODEL_CONFIGS, Hardware, ModelSpec, SimulationError, hardware_preset, model_preset,
+from tinyinfer.simulate.memory import (
+    KV_PRECISIONS,
+    WEIGHT_PRECISIONS,
+    ParameterCounts,
+    bytes_per_weight,
+    kept_bytes,
+    kv_bytes_per_token,
+    parameter_counts,
+    weight_bytes,
+    weight_group_size,
+    weight_memory_table,
 )
-from tinyinfer.simulate_memory import (
-    KV_PRECISIONS, WEIGHT_PRECISIONS, ParameterCounts, bytes_per_weight, kept_bytes,
-    kv_bytes_per_token, parameter_counts, weight_bytes, weight_group_size, weight_memory_table,
+from tinyinfer.simulate.presets import (
+    HARDWARE,
+    MODEL_CONFIGS,
+    Hardware,
+    ModelSpec,
+    SimulationError,
+    hardware_preset,
+    model_preset,
 )
-from tinyinfer.simulate_quantity import Quantity, derive, given
-from tinyinfer.simulate_steps import (
-    Efficiency, Rates, decode_work, knee_batch, matmul_params, pass_time, prefill_work, rates,
+from tinyinfer.simulate.quantity import Quantity, derive, given
+from tinyinfer.simulate.steps import (
+    Efficiency,
+    Rates,
+    decode_work,
+    knee_batch,
+    matmul_params,
+    pass_time,
+    prefill_work,
+    rates,
 )
 
 __all__ = [

@@ -6,46 +6,22 @@ import argparse
 import sys
 from typing import Sequence
 
-from tinyinfer import cli_lesson, cli_quantize, cli_serve, cli_simulate, threads
-from tinyinfer.cli_common import (Parser, add_alias, add_json, add_threads_arg, fail, positive_int,
-                                  write_json)
+from tinyinfer.cli import lesson as cli_lesson
+from tinyinfer.cli import quantize as cli_quantize
+from tinyinfer.cli import serve as cli_serve
+from tinyinfer.cli import simulate as cli_simulate
+from tinyinfer.cli.args import add_model_args, load_model
+from tinyinfer.cli.common import (
+    Parser,
+    add_alias,
+    add_json,
+    fail,
+    positive_int,
+    write_json,
+)
 from tinyinfer.errors import TinyInferError, missing_package
+from tinyinfer.model import threads
 from tui import cli as tui_cli
-
-
-def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="bundled",
-                        help="'bundled', 'bundled-draft' or a Hugging Face model folder")
-    parser.add_argument("--runner", choices=("numpy", "torch"), default="numpy",
-                        help="numpy = readable reference, torch = fast path")
-    parser.add_argument("--device", default=None,
-                        help="torch device, e.g. cpu or cuda (torch runner; default: cuda if any, "
-                             "else cpu)")
-    parser.add_argument("--dtype", default=None,
-                        help="float32/float64 (numpy); float32/float16/bfloat16 (torch) (default: "
-                             "float32; bfloat16 for torch on cuda)")
-    parser.add_argument("--quantize", default=None, metavar="FORMAT",
-                        help="quantize linear weights as they load: int8, int4, int4-g64, "
-                             "int4-g32-asym, ... (default: none, the checkpoint's precision)")
-    parser.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
-                        help="split the model over N processes (GPUs with NCCL, CPU with gloo); "
-                             "torch runner")
-    add_threads_arg(parser)
-
-
-def load_model(args: argparse.Namespace):
-    """The model the command-line arguments name, split over processes if asked."""
-    import tinyinfer
-
-    if args.tensor_parallel > 1:
-        if args.runner != "torch":
-            raise TinyInferError("--tensor-parallel needs --runner torch")
-        from tinyinfer.tp_launch import load_tensor_parallel
-
-        return load_tensor_parallel(args.model, tensor_parallel=args.tensor_parallel,
-                                    device=args.device, dtype=args.dtype, quantize=args.quantize)
-    return tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype,
-                          quantize=args.quantize)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Load a model and stream the text it generates after PROMPT "
                                      "to stdout (the prompt first).")
     gen.add_argument("prompt", help="the prompt text")
-    _add_model_args(gen)
+    add_model_args(gen)
     gen.add_argument("--max-tokens", type=positive_int, default=100, metavar="N",
                      help="tokens to generate")
     gen.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
@@ -84,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="architecture, parameters, weight and KV-cache memory",
                           description="Describe a model from its config: architecture, parameter "
                                       "count, weight memory per format and KV-cache memory.")
-    _add_model_args(info)
+    add_model_args(info)
     bench = sub.add_parser("bench", help="measure the engine on reproducible synthetic workloads",
                            description="Run one benchmark workload, print its table and optionally "
                                        "write the results as JSON (docs/benchmarks.md).")
@@ -95,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "latency: batch-1 TTFT/TPOT and %% of the memory roofline (C2); "
                             "throughput: 256 requests of 100-1024 tokens (C13); "
                             "speculative: plain vs speculative greedy decode (C10)")
-    _add_model_args(bench)
+    add_model_args(bench)
     bench.add_argument("--preset", default=None,
                        help="random weights of a real shape instead of --model: "
                             "gpt2, llama-3.2-1b, qwen2.5-0.5b, llama-3-8b (always the torch "
@@ -130,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.workload in ("latency", "throughput") or args.preset:
         return _bench_shapes(args)
-    from tinyinfer import bench
+    from tinyinfer.bench import workloads as bench
 
     model = load_model(args)
     print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)
@@ -154,7 +130,7 @@ def _bench_shapes(args: argparse.Namespace) -> int:
     """latency / throughput: a preset shape (random weights) or a model folder, plus a peer."""
     import json
 
-    from tinyinfer import bench_shapes as bs
+    from tinyinfer.bench import shapes as bs
 
     with_peer = args.peer == "transformers"
     if with_peer:
@@ -178,7 +154,7 @@ def _bench_shapes(args: argparse.Namespace) -> int:
     print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)
     counts = threads.report()
     if args.workload == "speculative":
-        from tinyinfer import bench
+        from tinyinfer.bench import workloads as bench
 
         print(threads.describe(counts))
         write_json(args.json, bench.to_json(_bench_speculative(model, args), threads=counts))
@@ -206,7 +182,7 @@ def _bench_shapes(args: argparse.Namespace) -> int:
 
 def _bench_speculative(model, args: argparse.Namespace):
     """Plain vs speculative greedy decoding on the chosen prompts; prints one line."""
-    from tinyinfer import bench
+    from tinyinfer.bench import workloads as bench
 
     args.runner = model.runner.name
     result = bench.bench_speculative(model, make_drafter(args),
@@ -311,7 +287,6 @@ def _stored_as(path) -> str:
 def cmd_info(args: argparse.Namespace) -> int:
     from tinyinfer.config import load_config
     from tinyinfer.loading import resolve_source
-
     from tinyinfer.quant import read_quant_config, weight_memory_table
 
     path, name = resolve_source(args.model)

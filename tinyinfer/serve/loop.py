@@ -24,11 +24,11 @@ from typing import Sequence
 from tinyinfer.engine import Completion, Engine
 from tinyinfer.errors import TinyInferError
 from tinyinfer.sampling import SamplingParams
-from tinyinfer.server_metrics import EngineStats, Metrics
-from tinyinfer.server_schemas import APIError, engine_error
+from tinyinfer.serve.metrics import EngineStats, Metrics
+from tinyinfer.serve.schemas import APIError, engine_error
 from tinyinfer.trace import SeqStep
 
-log = logging.getLogger("tinyinfer.server")
+log = logging.getLogger("tinyinfer.serve.server")
 
 _STOP = object()
 

@@ -1,0 +1,1 @@
+"""Terminal output shared by the commands: progress bars, tables and text bar plots."""

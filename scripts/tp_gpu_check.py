@@ -38,11 +38,7 @@ import torch.multiprocessing as mp
 
 import tinyinfer
 from tinyinfer.bench import shapes as bs
-from tinyinfer.model.tp.launch import (
-    free_port,
-    load_tensor_parallel,
-    load_tensor_parallel_random,
-)
+from tinyinfer.model.tp.launch import free_port
 
 GREEDY = tinyinfer.SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
 ALL_REDUCE_BYTES = (2 << 10, 8 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
@@ -120,7 +116,7 @@ def bundled_tp2() -> tuple[dict, Any]:
     prompts = [tok.encode(p) for p in ("ROMEO:\nO, she doth teach the torches to burn bright!",
                                        "JULIET:", "HAMLET:")]
     return compare(lambda: tinyinfer.load("bundled", runner="torch", device="cuda", dtype="float32"),
-                   lambda: load_tensor_parallel("bundled", 2, device="cuda", dtype="float32"), prompts)
+                   lambda: tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cuda", dtype="float32"), prompts)
 
 
 def gqa(world: int, dtype: str) -> tuple[dict, Any]:
@@ -128,7 +124,7 @@ def gqa(world: int, dtype: str) -> tuple[dict, Any]:
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 1001, n).tolist() for n in (37, 5, 120)]
     return compare(lambda: tinyinfer.load(folder, runner="torch", device="cuda", dtype=dtype),
-                   lambda: load_tensor_parallel(folder, world, device="cuda", dtype=dtype), prompts)
+                   lambda: tinyinfer.load(folder, runner="torch", tensor_parallel=world, device="cuda", dtype=dtype), prompts)
 
 
 # ---------------------------------------------------------------- all-reduce sweep
@@ -236,15 +232,14 @@ def with_env(name: str, value: str, make: Callable[[], Any]) -> Any:
 
 
 def stages(out: Path) -> dict[str, Callable[[], tuple[Any, Any]]]:
-    eight, _ = bs.shape_config("llama-3-8b", 2048)
     table: dict[str, Callable[[], tuple[Any, Any]]] = {
         "bundled_tp2": bundled_tp2,
         "llama3_8b_tp1": lambda: latency(bs.shape_models("llama-3-8b", "cuda", "bfloat16")[0]),
-        "llama3_8b_tp4_no_graphs": lambda: latency(load_tensor_parallel_random(
-            eight, 4, device="cuda", dtype="bfloat16", name="llama-3-8b", cuda_graphs=False)),
+        "llama3_8b_tp4_no_graphs": lambda: latency(bs.shape_tensor_parallel(
+            "llama-3-8b", 4, "cuda", "bfloat16", cuda_graphs=False)),
         "llama2_70b_tp4": lambda: latency(bs.shape_tensor_parallel("llama-2-70b", 4, "cuda", "bfloat16")),
-        "llama3_8b_tp2_untimed": lambda: latency(load_tensor_parallel_random(
-            eight, 2, device="cuda", dtype="bfloat16", name="llama-3-8b", time_collectives=False)),
+        "llama3_8b_tp2_untimed": lambda: latency(bs.shape_tensor_parallel(
+            "llama-3-8b", 2, "cuda", "bfloat16", time_collectives=False)),
         # NCCL's support for graph-captured collectives mixed with eager ones (the logits gather)
         # adds synchronisation to each captured collective; the steps here never overlap, so it
         # can be off (set before the workers spawn: they inherit the environment).

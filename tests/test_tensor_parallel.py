@@ -6,6 +6,8 @@ it afterwards: only one torch.distributed group can live in a process at a time.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -14,9 +16,9 @@ import torch.distributed as dist
 import tinyinfer
 from tinyinfer import SamplingParams, TinyInferError
 from tinyinfer.config import load_config
-from tinyinfer.loading import BUNDLED
+from tinyinfer.loading import BUNDLED, Model, with_tokenizer
 from tinyinfer.model.runner import make_batch
-from tinyinfer.model.tp.launch import load_tensor_parallel, load_tensor_parallel_random
+from tinyinfer.model.tp.launch import start_ranks
 from tinyinfer.model.tp.shard import (
     ShardRunner,
     VocabShard,
@@ -60,7 +62,7 @@ def generate(model, prompts, params: SamplingParams, **engine_options):
 
 @pytest.fixture(scope="class")
 def bundled_pair():
-    tp = load_tensor_parallel("bundled", tensor_parallel=2, device="cpu")
+    tp = tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu")
     yield tp, tinyinfer.load("bundled", runner="torch", device="cpu")
     tp.runner.close()
 
@@ -165,7 +167,7 @@ class TestBundled:
 
     def test_second_tensor_parallel_model_is_refused(self, bundled_pair):
         with pytest.raises(TinyInferError, match="close"):
-            load_tensor_parallel("bundled", tensor_parallel=2, device="cpu")
+            tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu")
 
 
 # ---------------------------------------------------------------------- oracle GQA model
@@ -174,7 +176,7 @@ class TestBundled:
 @pytest.fixture(scope="class")
 def gqa_pair(oracle_model):
     folder, _ = oracle_model("llama-gqa-untied")
-    tp = load_tensor_parallel(folder, tensor_parallel=2, device="cpu")
+    tp = tinyinfer.load(folder, runner="torch", tensor_parallel=2, device="cpu")
     yield tp, tinyinfer.load(folder, runner="torch", device="cpu")
     tp.runner.close()
 
@@ -209,7 +211,7 @@ def gpt2_pair(tmp_path_factory):
                                      bos_token_id=None, eos_token_id=None)
     torch.manual_seed(3)
     transformers.GPT2LMHeadModel(config).eval().save_pretrained(folder)
-    tp = load_tensor_parallel(folder, tensor_parallel=2, device="cpu")
+    tp = tinyinfer.load(folder, runner="torch", tensor_parallel=2, device="cpu")
     yield tp, tinyinfer.load(folder, runner="torch", device="cpu")
     tp.runner.close()
 
@@ -238,7 +240,9 @@ class TestGPT2OddVocabulary:
 
 
 def test_single_rank_runs_without_workers():
-    tp = load_tensor_parallel("bundled", tensor_parallel=1, device="cpu")
+    path = BUNDLED["bundled"]
+    config = load_config(path)
+    tp = with_tokenizer(path, "bundled", config, start_ranks(config, path, 1, device="cpu"))
     try:
         ref = tinyinfer.load("bundled", runner="torch", device="cpu")
         assert_same_function(tp, ref, ref.tokenizer.encode(PROMPTS[3]))
@@ -263,7 +267,7 @@ def test_vocabulary_shards_cover_the_vocabulary_once():
 @pytest.mark.parametrize("world, what", [(3, "4 attention heads"), (4, "2 KV heads"), (0, "positive")])
 def test_ranks_must_divide_heads(world, what):
     with pytest.raises(TinyInferError, match=what):
-        load_tensor_parallel("bundled", tensor_parallel=world, device="cpu")
+        tinyinfer.load("bundled", runner="torch", tensor_parallel=world, device="cpu")
 
 
 def test_more_ranks_than_gpus_is_refused():
@@ -276,14 +280,14 @@ def test_more_ranks_than_gpus_is_refused():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
 def test_cuda_without_gpus_is_refused():
     with pytest.raises(TinyInferError, match="CUDA is not available"):
-        load_tensor_parallel("bundled", tensor_parallel=2, device="cuda")
+        tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cuda")
 
 
 def test_unsupported_options_are_refused():
     with pytest.raises(TinyInferError, match="quantize"):
-        load_tensor_parallel("bundled", tensor_parallel=2, device="cpu", quantize="int8")
+        tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu", quantize="int8")
     with pytest.raises(TinyInferError, match="cuda:r"):
-        load_tensor_parallel("bundled", tensor_parallel=2, device="cuda:1")
+        tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cuda:1")
     config = load_config(BUNDLED["bundled"])
     with pytest.raises(TinyInferError, match="CUDA graphs"):
         ShardRunner(config, load_weights(BUNDLED["bundled"], config), 0, 1, device="cpu",
@@ -293,7 +297,8 @@ def test_unsupported_options_are_refused():
 def test_random_shapes_hold_one_shard_per_rank():
     # Benchmark shapes too big for one device: each rank draws only its shard.
     config = load_config(BUNDLED["bundled"])
-    tp = load_tensor_parallel_random(config, tensor_parallel=2, device="cpu")
+    tp = Model(config=config, runner=start_ranks(config, None, 2, device="cpu"), path=Path("random"),
+               name="random")
     try:
         shard = tp.runner.shard
         assert shard.w.layers[0].qkv[0].shape == ((4 + 2 * 2) * config.head_dim // 2, config.hidden_size)
@@ -354,7 +359,7 @@ def test_untimed_collectives_are_counted_and_change_nothing():
     params = SamplingParams(max_tokens=6, temperature=0)
     reference = tinyinfer.load("bundled", runner="torch", device="cpu")
     expected, _ = generate(reference, [[5, 6, 7, 8]], params)
-    tp = load_tensor_parallel("bundled", tensor_parallel=2, device="cpu", time_collectives=False)
+    tp = tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu", time_collectives=False)
     try:
         tokens, _ = generate(tp, [[5, 6, 7, 8]], params)
         assert tokens == expected
@@ -423,7 +428,7 @@ def _kill_rank1() -> None:
 
 def _running_engine():
     """A TP=2 bundled model on CPU and an engine one step into a request."""
-    tp = load_tensor_parallel("bundled", tensor_parallel=2, device="cpu")
+    tp = tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu")
     engine = tinyinfer.Engine(tp)
     engine.add_request([5, 6, 7], SamplingParams(max_tokens=20, temperature=0))
     engine.step()

@@ -11,7 +11,6 @@ import tinyinfer
 from tests.tui_pilot import settle, started
 from tinyinfer.cli.commands import main as tinyinfer_main
 from tinyinfer.errors import TinyInferError
-from tinyinfer.model.tp.launch import load_tensor_parallel
 from tui.app import TinyInferApp
 from tui.options import Options
 from tui.panels.pages import PagesPanel
@@ -25,7 +24,7 @@ TP = dict(runner="torch", tensor_parallel=2)
 @pytest.fixture(scope="module")
 def tp_model():
     """One TP=2 bundled model for the module (a process holds one at a time), closed at the end."""
-    model = load_tensor_parallel("bundled", tensor_parallel=2, device="cpu")
+    model = tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu")
     yield model
     model.runner.close()
 

@@ -119,17 +119,19 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
     """
     if runner not in RUNNERS:
         raise TinyInferError(f"runner must be one of {RUNNERS}, got {runner}")
+    path, name = resolve_source(source)
+    config = load_config(path)
     if tensor_parallel != 1:
         if runner != "torch":
             raise TinyInferError("tensor parallelism runs on the torch runner (--runner torch)")
+        if quantize is not None:
+            raise TinyInferError("tensor parallelism shards float weights: load without quantize")
         try:
-            from tinyinfer.model.tp.launch import load_tensor_parallel
+            from tinyinfer.model.tp.launch import start_ranks
         except ModuleNotFoundError as exc:
             raise missing_package(exc) or exc from None
-        return load_tensor_parallel(source, tensor_parallel, device=device, dtype=dtype,
-                                    quantize=quantize, **runner_options)
-    path, name = resolve_source(source)
-    config = load_config(path)
+        ranks = start_ranks(config, path, tensor_parallel, device, dtype, **runner_options)
+        return with_tokenizer(path, name, config, ranks)
     weights, quantization = _load_weights(path, config, quantize, lazy=runner == "torch")
     if runner == "numpy":
         from tinyinfer.model.numpy_ref import NumpyRunner

@@ -82,9 +82,9 @@ def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
 
 
 def shape_tensor_parallel(name: str, tensor_parallel: int, device: str, dtype: str,
-                          max_len: int = 2048) -> Model:
+                          max_len: int = 2048, **runner_options: Any) -> Model:
     """A preset shape with random weights split over ``tensor_parallel`` ranks (each draws its shard)."""
-    from tinyinfer.model.tp.launch import load_tensor_parallel_random
+    from tinyinfer.model.tp.launch import start_ranks
 
     config, _ = shape_config(name, max_len)
     per_rank = config.num_parameters * (4 if dtype == "float32" else 2) // tensor_parallel
@@ -92,8 +92,8 @@ def shape_tensor_parallel(name: str, tensor_parallel: int, device: str, dtype: s
         _check_memory(f"{name} (one rank's shard at tensor_parallel={tensor_parallel})", per_rank, device)
     else:  # every rank in the same host memory
         _check_memory(f"{name} (all {tensor_parallel} ranks' shards)", per_rank * tensor_parallel, device)
-    return load_tensor_parallel_random(config, tensor_parallel=tensor_parallel, device=device,
-                                       dtype=dtype, name=name)
+    runner = start_ranks(config, None, tensor_parallel, device, dtype, **runner_options)
+    return Model(config=config, runner=runner, path=Path(name), name=name)
 
 
 def _check_memory(name: str, needed: int, device: str) -> None:

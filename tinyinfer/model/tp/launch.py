@@ -1,6 +1,6 @@
 """Starting a tensor-parallel model: N - 1 worker processes, one process group, rank 0 here.
 
-    model = tinyinfer.load("bundled", runner="torch", tensor_parallel=2)   # a tinyinfer.Model
+    model = tinyinfer.load("bundled", runner="torch", tensor_parallel=2)   # calls start_ranks
     engine = tinyinfer.Engine(model)             # unchanged: rank 0 drives
     ...
     model.runner.close()                         # or let atexit do it
@@ -31,7 +31,6 @@ import torch.multiprocessing as mp
 from tinyinfer.config import ModelConfig, load_config
 from tinyinfer.display import progress
 from tinyinfer.errors import TinyInferError
-from tinyinfer.loading import Model, resolve_source, with_tokenizer
 from tinyinfer.model import threads
 from tinyinfer.model.torch_weights import pick_device
 from tinyinfer.model.tp.runner import TensorParallelRunner, serve_worker
@@ -61,35 +60,19 @@ class LaunchSpec:
         return f"cuda:{rank}" if self.device_type == "cuda" else "cpu"
 
 
-def load_tensor_parallel(source: str | Path = "bundled", tensor_parallel: int = 2,
-                         device: str | None = None, dtype: str | None = None,
-                         quantize: str | None = None, startup_timeout: float = 600.0,
-                         **runner_options: Any) -> Model:
-    """Load a model split over ``tensor_parallel`` ranks; this process is rank 0.
+def start_ranks(config: ModelConfig, path: Path | None, tensor_parallel: int,
+                device: str | None = None, dtype: str | None = None, seed: int = 0,
+                startup_timeout: float = 600.0, **runner_options: Any) -> TensorParallelRunner:
+    """Start ranks 1..N-1 as worker processes and build rank 0's shard here; the runner that
+    drives them all. ``path`` is a checkpoint folder, or None for random weights of
+    ``config``'s shape drawn by each rank on its own device (benchmarks: a shape too big for
+    one GPU never has to fit anywhere whole).
 
     ``device`` is "cuda" (one GPU per rank, NCCL) or "cpu" (gloo); the default is CUDA when
     available. ``runner_options`` go to each rank's TorchRunner (e.g. ``compile``).
     """
-    if quantize is not None:
-        raise TinyInferError("tensor parallelism shards float weights: load without quantize= "
-                             "(or with tensor_parallel=1 through tinyinfer.load)")
-    path, name = resolve_source(source)
-    config = load_config(path)
-    spec = _spec(config, path, tensor_parallel, device, dtype, runner_options)
-    return with_tokenizer(path, name, config, _launch(spec, startup_timeout))
-
-
-def load_tensor_parallel_random(config: ModelConfig, tensor_parallel: int = 2, device: str | None = None,
-                                dtype: str | None = None, seed: int = 0, name: str = "random",
-                                startup_timeout: float = 600.0, **runner_options: Any) -> Model:
-    """A random-weight model of ``config``'s shape over ``tensor_parallel`` ranks (benchmarks).
-
-    Each rank draws only its shard, on its device, so a shape too big for one GPU never has
-    to fit anywhere whole. No tokenizer: feed token ids.
-    """
-    spec = _spec(config, None, tensor_parallel, device, dtype, runner_options, seed=seed)
-    return Model(config=config, runner=_launch(spec, startup_timeout), path=Path(name), name=name,
-                 _tokenizer_error=f"{name} has random weights and no tokenizer: pass token ids")
+    spec = _spec(config, path, tensor_parallel, device, dtype, runner_options, seed=seed)
+    return _launch(spec, startup_timeout)
 
 
 def _spec(config: ModelConfig, path: Path | None, world: int, device: str | None, dtype: str | None,

@@ -50,7 +50,8 @@ class Model:
     @property
     def tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
-            raise TokenizerError(self._tokenizer_error)
+            raise TokenizerError(self._tokenizer_error or f"{self.name} has no tokenizer (random "
+                                 "weights, or none in its folder): pass token ids")
         return self._tokenizer
 
     @property

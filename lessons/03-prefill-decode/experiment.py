@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import ModuleType
 
 import tinyinfer
-from lessons.support import claim, heading, heldout_text, load_model, measure_machine, table
+from lessons.support import claim, heading, heldout_text, load_model, measure_machine, table, track
 from tinyinfer.loading import Model
 from tinyinfer.trace import StepTrace
 
@@ -48,7 +48,7 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
     lengths = (16, 128) if quick else (16, 64, 256, 512)
     new_tokens = 12 if quick else 32
     rows, results = [], []
-    for n in lengths:
+    for n in track(lengths, "prompt lengths"):
         phases = impl.phase_times(run_prompt(m, ids[:n], new_tokens))
         prefill_rate = phases.prefill_tokens / phases.prefill_seconds
         decode_rate = phases.decode_tokens / phases.decode_seconds

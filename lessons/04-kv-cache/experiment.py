@@ -7,7 +7,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TypeVar
 
-from lessons.support import LLAMA2_70B, claim, heading, heldout_text, human_bytes, load_model, table
+from lessons.support import (
+    LLAMA2_70B, claim, heading, heldout_text, human_bytes, load_model, table, track,
+)
 from tinyinfer.config import config_from_dict
 
 T = TypeVar("T")
@@ -30,7 +32,7 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
 
     heading(f"your two loops on {m.name}, after a {len(prompt)}-token prompt (best of 2 runs)")
     rows, ratios = [], []
-    for n in (8, 16, 32) if quick else (8, 16, 32, 64, 128):
+    for n in track((8, 16, 32) if quick else (8, 16, 32, 64, 128), "generation lengths"):
         slow, (slow_tokens, slow_work) = best_of(2, lambda: impl.generate_recompute(m, prompt, n))
         fast, (fast_tokens, fast_work) = best_of(2, lambda: impl.generate_cached(m, prompt, n))
         ratios.append(slow / fast)

@@ -9,7 +9,7 @@ from types import ModuleType
 import numpy as np
 
 import tinyinfer
-from lessons.support import heading, load_model, patched, table
+from lessons.support import heading, load_model, patched, table, track
 from tinyinfer import sampling
 from tinyinfer.sampling import SamplingParams
 
@@ -53,7 +53,7 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
 
     heading(f"{len(seeds)} seeds per setting, {tokens} tokens after {PROMPT!r}")
     rows, samples = [], {}
-    for name, settings in SETTINGS.items():
+    for name, settings in track(SETTINGS.items(), "settings", total=len(SETTINGS)):
         kept: list[int] = []
         with students_sampler(impl, kept):
             outs = texts(m, settings, seeds, tokens)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import ModuleType
 
 import tinyinfer
-from lessons.support import claim, heading, heldout_text, load_model, patched, table
+from lessons.support import claim, heading, heldout_text, load_model, patched, table, track
 from tinyinfer import kv
 
 BLOCK = 16
@@ -31,7 +31,7 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
     heading(f"a shared system prompt, then a {len(question_b)}-token question (best of {repeats})")
     rows, speedups = [], []
     with patched(kv, "page_hash", impl.page_key):
-        for size in sizes:
+        for size in track(sizes, "system prompt sizes"):
             system = ids[:size]
             miss = min(first_token(tinyinfer.Engine(m, block_size=BLOCK), system + question_b)[0]
                        for _ in range(repeats))

@@ -23,7 +23,7 @@ from tinyinfer.simulate_presets import (
 )
 from tinyinfer.simulate_memory import (
     KV_PRECISIONS, WEIGHT_PRECISIONS, ParameterCounts, bytes_per_weight, kept_bytes,
-    kv_bytes_per_token, parameter_counts, weight_bytes, weight_group_size, weight_memory_table,
+    kv_bytes_per_token, parameter_counts, weight_bytes, weight_group_size,
 )
 from tinyinfer.simulate_quantity import Quantity, derive, given
 from tinyinfer.simulate_steps import (
@@ -34,7 +34,7 @@ __all__ = [
     "ASSUMPTIONS", "Efficiency", "HARDWARE", "Hardware", "KV_PRECISIONS", "MODEL_CONFIGS",
     "ModelSpec", "ParameterCounts", "Quantity", "Scenario", "Simulation", "SimulationError",
     "WEIGHT_PRECISIONS", "bytes_per_weight", "hardware_preset", "kv_bytes_per_token",
-    "model_preset", "parameter_counts", "simulate", "sweep", "weight_bytes", "weight_memory_table",
+    "model_preset", "parameter_counts", "simulate", "sweep", "weight_bytes",
 ]
 
 ASSUMPTIONS = (

@@ -16,8 +16,10 @@ off by at most half a scale step. Only the transformer blocks' linear layers are
 norms and biases stay in floating point. The K/V cache has its own int8 format: one scale
 per token and head (`quantize_kv`).
 
-`QuantConfig.stored_bytes` says how many bytes a format stores; the memory table
-(`tinyinfer.quant.report`) counts with it. Whole checkpoints are in `tinyinfer.quant.checkpoint`.
+`QuantConfig.stored_bytes` says how many bytes a format stores: the weight-memory table
+(`tinyinfer.quant.report`) counts with it, and the simulator (`tinyinfer.simulate_memory`,
+config only) takes the same scale and zero-point sizes. Whole checkpoints are in
+`tinyinfer.quant.checkpoint`.
 """
 
 from __future__ import annotations

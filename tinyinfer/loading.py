@@ -12,7 +12,8 @@ import numpy as np
 from tinyinfer.config import ModelConfig, load_config
 from tinyinfer.errors import PromptError, TinyInferError, TokenizerError, missing_package
 from tinyinfer.model.runner import ModelRunner, make_batch
-from tinyinfer.quant import QuantConfig, QuantizedWeight, load_quantized, quantize_weights, read_quant_config
+from tinyinfer.quant import (ErrorReport, QuantConfig, QuantizedWeight, error_report, load_quantized,
+                             quantize_weights, read_quant_config)
 from tinyinfer.tokenizer import Tokenizer, load_tokenizer
 from tinyinfer.weights import load_weights
 
@@ -33,6 +34,7 @@ class Model:
     path: Path
     name: str
     quantization: QuantConfig | None = None  # weight format of the linear layers; None = float
+    quant_errors: ErrorReport | None = None  # each linear weight's rounding error (measure_error)
     _tokenizer: Tokenizer | None = field(default=None, repr=False)
     _tokenizer_error: str = field(default="", repr=False)
 
@@ -97,17 +99,20 @@ def resolve_source(source: str | Path) -> tuple[Path, str]:
 
 def load(source: str | Path = "bundled", runner: str = "numpy", device: str | None = None,
          dtype: str | None = None, quantize: str | QuantConfig | None = None,
-         **runner_options: Any) -> Model:
+         measure_error: bool = False, **runner_options: Any) -> Model:
     """Load a model folder (HF layout) or a bundled model with the chosen runner.
 
     ``quantize`` ("int8", "int4", "int4-g64", "int4-g32-asym", ...) quantizes the linear
     weights as they load; a folder written by ``tinyinfer quantize`` loads quantized as saved.
+    ``measure_error`` also measures each quantized weight's rounding error while the float
+    weights are at hand (as slow as quantizing again) and keeps it as ``Model.quant_errors``.
     """
     if runner not in RUNNERS:
         raise TinyInferError(f"runner must be one of {RUNNERS}, got {runner}")
     path, name = resolve_source(source)
     config = load_config(path)
-    weights, quantization = _load_weights(path, config, quantize, lazy=runner == "torch")
+    weights, quantization, quant_errors = _load_weights(path, config, quantize, lazy=runner == "torch",
+                                                        measure_error=measure_error)
     if runner == "numpy":
         from tinyinfer.model.numpy_ref import NumpyRunner
 
@@ -126,12 +131,15 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
     except TokenizerError as exc:
         error = f"{name} has no usable tokenizer: {exc}"
     return Model(config=config, runner=model_runner, path=path, name=name, quantization=quantization,
+                 quant_errors=quant_errors,
                  _tokenizer=tokenizer, _tokenizer_error=error)
 
 
-def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig | None, lazy: bool
-                  ) -> tuple[dict[str, np.ndarray | QuantizedWeight], QuantConfig | None]:
-    """A plain checkpoint's weights, quantized if asked; or a quantized checkpoint's, as saved.
+def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig | None, lazy: bool,
+                  measure_error: bool) -> tuple[dict[str, np.ndarray | QuantizedWeight],
+                                                       QuantConfig | None, ErrorReport | None]:
+    """A plain checkpoint's weights, quantized if asked; or a quantized checkpoint's, as saved
+    (no error report: its float weights are not there to compare with).
 
     ``lazy`` leaves bf16 weights in the file until the runner uses them (torch runner only).
     """
@@ -141,8 +149,9 @@ def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig |
         if wanted is not None and wanted != saved:
             raise TinyInferError(f"{path} is already quantized as {saved.name}: load it without "
                                  f"quantize=, or quantize the original checkpoint as {wanted.name}")
-        return load_quantized(path, config)
+        return *load_quantized(path, config), None
     weights = load_weights(path, config, lazy=lazy and wanted is None)
     if wanted is None:
-        return weights, None  # type: ignore[return-value]
-    return quantize_weights(weights, wanted), wanted
+        return weights, None, None  # type: ignore[return-value]
+    quantized = quantize_weights(weights, wanted)
+    return quantized, wanted, error_report(weights, quantized) if measure_error else None

@@ -26,7 +26,6 @@ from tinyinfer.simulate.model import (
     simulate,
     sweep,
     weight_bytes,
-    weight_memory_table,
 )
 from tinyinfer.simulate.presets import H200_LINK_MEASUREMENTS
 from tinyinfer.simulate.quantity import Quantity, derive, evaluate, format_value, given
@@ -97,10 +96,10 @@ def test_int_formats_pay_for_their_scales():
     assert bytes_per_weight("int4", 128).value == 0.5 + 2 / 128
     assert bytes_per_weight("int4", 32, zero_points=True).value == 0.5 + 2.5 / 32
     assert bytes_per_weight("bf16").value == 2
-    table = weight_memory_table(model_preset("llama-2-7b"))
     p = parameter_counts(model_preset("llama-2-7b"))
-    assert table["int8"].value == p.quantizable * (1 + 2 / 4096) + p.kept * 2  # per output row
-    assert table["fp32"].value == 4 * p.total
+    assert weight_bytes(model_preset("llama-2-7b"), "int8").value == \
+        p.quantizable * (1 + 2 / 4096) + p.kept * 2  # per output row
+    assert weight_bytes(model_preset("llama-2-7b"), "fp32").value == 4 * p.total
     with pytest.raises(SimulationError, match="int4"):
         bytes_per_weight("int3")
 
@@ -263,9 +262,9 @@ def test_c4_kv_cache_of_a_70b_model_at_32k():
 
 
 def test_c11_quantization_memory_of_a_7b_model():
-    table = weight_memory_table(model_preset("llama-2-7b"))
-    assert 13 * GB <= table["bf16"].value <= 15 * GB  # ~14 GB at 16-bit
-    assert 3.5 * GB <= table["int4"].value <= 4.5 * GB  # ~4 GB at 4-bit
+    model = model_preset("llama-2-7b")
+    assert 13 * GB <= weight_bytes(model, "bf16").value <= 15 * GB  # ~14 GB at 16-bit
+    assert 3.5 * GB <= weight_bytes(model, "int4").value <= 4.5 * GB  # ~4 GB at 4-bit
 
 
 def test_c6_decode_speed_by_hardware_for_a_7b_model():
@@ -498,17 +497,20 @@ def test_tp_calibration_says_what_is_wrong_with_a_bad_file(tmp_path):
 
 @pytest.mark.parametrize("preset", ["llama-2-7b", "llama-3-8b", "gpt2"])
 def test_simulated_weight_memory_equals_the_quantizers_byte_count(preset):
-    # The simulator predicts from formulas (config only); quant.memory_row counts every byte the
-    # quantizer writes. Two implementations of one idea, pinned together here: exact, except
-    # that the simulator gives every int8 row hidden_size inputs (down_proj rows are longer,
-    # so they carry fewer scales than it counts: +0.03 % at most).
+    # The simulator estimates from parameter counts (config only); the weight-memory table
+    # (quant.memory_row) counts every byte the quantizer writes, layer by layer. Both take the
+    # scale and zero-point sizes from quant.formats; pinned together here: exact, except that
+    # the simulator gives every int8 row hidden_size inputs (down_proj rows are longer, so
+    # they carry fewer scales than it counts: +0.03 % at most).
     from tinyinfer.quant import memory_row
 
     config = model_preset(preset).config
-    table = weight_memory_table(config)
     for sim_name, quant_name in (("fp32", "fp32"), ("bf16", "bf16"), ("int8", "int8"), ("int4", "int4-g128")):
         exact = memory_row(config, quant_name).total_bytes
-        assert table[sim_name].value == pytest.approx(exact, rel=5e-4 if sim_name == "int8" else 1e-12), sim_name
+        assert weight_bytes(config, sim_name).value == pytest.approx(
+            exact, rel=5e-4 if sim_name == "int8" else 1e-12), sim_name
+    asymmetric = memory_row(config, "int4-g128-asym").total_bytes
+    assert weight_bytes(config, "int4", zero_points=True).value == pytest.approx(asymmetric, rel=1e-12)
 
 
 def test_variant_stages_of_a_recording_stay_out_of_the_calibration(tmp_path):

@@ -1,16 +1,19 @@
-"""The quantization scenario: per-layer errors as quant.py measures them, and switching precision."""
+"""The quantization scenario: per-layer errors as tinyinfer.quant measures them, and switching precision."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 
 import tinyinfer
-from tinyinfer.quant import QuantConfig, error_histograms, layer_errors, quantize_weights
+from tinyinfer.quant import (BINS, QuantConfig, error_histograms, layer_errors, quantize_weights,
+                             save_quantized)
 from tinyinfer.weights import load_weights
 
 from tui.app import TinyInferApp
 from tui.options import Options
-from tui.panels.quantization import BINS, QuantizationPanel, short_name
+from tui.panels.quantization import QuantizationPanel, short_name
 from tui.screens.run import RunScreen
 from tests.tui_pilot import settle, started
 
@@ -57,6 +60,36 @@ async def test_scenario_shows_the_per_layer_errors_quant_py_computes(model):
             {chosen: original[chosen]}, QuantConfig.parse("int8"))[chosen], BINS)
         assert report.histograms[1] == (weights, errors)
         assert f"▶{short_name(chosen)}" in panel.render().plain
+
+
+async def test_panel_shows_the_errors_measured_at_load_without_the_checkpoint(text_model_folder, tmp_path):
+    # The errors are measured once, as the model quantizes at load, and ride on the Model: the
+    # panel shows them with the checkpoint folder gone (it reads no weights and quantizes nothing).
+    folder = tmp_path / "model"
+    shutil.copytree(text_model_folder, folder)
+    original = load_weights(folder, tinyinfer.load(folder).config)
+    expected = layer_errors(original, quantize_weights(original, QuantConfig.parse("int4-g64")))
+    model = tinyinfer.load(folder, quantize="int4-g64", measure_error=True)
+    shutil.rmtree(folder)
+    async with make_app(model, quantize="int4-g64").run_test(size=(120, 40)) as pilot:
+        screen = await started(pilot, ready=lambda screen: screen.quant_report is not None)
+        assert screen.session.engine.model is model
+        report = screen.quant_report
+        assert report.precision == "int4-g64" and list(report.errors) == expected
+        assert f"{100 * expected[0].relative:5.2f}%" in screen.query_one(QuantizationPanel).render().plain
+
+
+def test_load_measures_errors_only_when_asked_and_only_for_float_weights(model, tmp_path):
+    assert tinyinfer.load(model.path, quantize="int8").quant_errors is None
+    measured = tinyinfer.load(model.path, quantize="int8", measure_error=True).quant_errors
+    assert len(measured.layers) == len(measured.histograms) > 0
+    assert all(sum(w.counts) == sum(e.counts) > 0 for w, e in measured.histograms)
+    assert tinyinfer.load(model.path, measure_error=True).quant_errors is None  # nothing rounded
+    saved = tmp_path / "saved"
+    original = load_weights(model.path, model.config)
+    save_quantized(saved, quantize_weights(original, QuantConfig(8)), QuantConfig(8))
+    shutil.copy(model.path / "config.json", saved)
+    assert tinyinfer.load(saved, measure_error=True).quant_errors is None  # no floats to compare
 
 
 async def test_m_switches_precision_and_changes_the_next_token_distribution(model):

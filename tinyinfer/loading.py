@@ -17,13 +17,8 @@ from tinyinfer.errors import (
     missing_package,
 )
 from tinyinfer.model.runner import ModelRunner, make_batch
-from tinyinfer.quant import (
-    QuantConfig,
-    QuantizedWeight,
-    load_quantized,
-    quantize_weights,
-    read_quant_config,
-)
+from tinyinfer.quant import (ErrorReport, QuantConfig, QuantizedWeight, error_report, load_quantized,
+                             quantize_weights, read_quant_config)
 from tinyinfer.tokenizer import Tokenizer, load_tokenizer
 from tinyinfer.weights import load_weights
 
@@ -44,6 +39,7 @@ class Model:
     path: Path
     name: str
     quantization: QuantConfig | None = None  # weight format of the linear layers; None = float
+    quant_errors: ErrorReport | None = None  # each linear weight's rounding error (measure_error)
     _tokenizer: Tokenizer | None = field(default=None, repr=False)
     _tokenizer_error: str = field(default="", repr=False)
 
@@ -109,12 +105,14 @@ def resolve_source(source: str | Path) -> tuple[Path, str]:
 
 def load(source: str | Path = "bundled", runner: str = "numpy", device: str | None = None,
          dtype: str | None = None, quantize: str | QuantConfig | None = None,
-         tensor_parallel: int = 1, **runner_options: Any) -> Model:
+         tensor_parallel: int = 1, measure_error: bool = False, **runner_options: Any) -> Model:
     """Load a model folder (HF layout) or a bundled model with the chosen runner: the one entry
     point of the CLI, the TUI, the lessons and the server.
 
     ``quantize`` ("int8", "int4", "int4-g64", "int4-g32-asym", ...) quantizes the linear
     weights as they load; a folder written by ``tinyinfer quantize`` loads quantized as saved.
+    ``measure_error`` also measures each quantized weight's rounding error while the float
+    weights are at hand (as slow as quantizing again) and keeps it as ``Model.quant_errors``.
     ``tensor_parallel`` > 1 splits the model over that many processes (torch runner), this one
     being rank 0.
     """
@@ -133,7 +131,8 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
             raise missing_package(exc) or exc from None
         ranks = start_ranks(config, path, tensor_parallel, device, dtype, **runner_options)
         return with_tokenizer(path, name, config, ranks)
-    weights, quantization = _load_weights(path, config, quantize, lazy=runner == "torch")
+    weights, quantization, quant_errors = _load_weights(path, config, quantize, lazy=runner == "torch",
+                                                        measure_error=measure_error)
     if runner == "numpy":
         from tinyinfer.model.numpy_ref import NumpyRunner
 
@@ -146,11 +145,12 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
         except ModuleNotFoundError as exc:
             raise missing_package(exc) or exc from None
         model_runner = TorchRunner(config, weights, device=device, dtype=dtype, **runner_options)
-    return with_tokenizer(path, name, config, model_runner, quantization)
+    return with_tokenizer(path, name, config, model_runner, quantization, quant_errors)
 
 
 def with_tokenizer(path: Path, name: str, config: ModelConfig, runner: ModelRunner,
-                   quantization: QuantConfig | None = None) -> Model:
+                   quantization: QuantConfig | None = None,
+                   quant_errors: ErrorReport | None = None) -> Model:
     """The Model of a runner, with the folder's tokenizer (or the reason it has none)."""
     tokenizer, error = None, ""
     try:
@@ -158,12 +158,15 @@ def with_tokenizer(path: Path, name: str, config: ModelConfig, runner: ModelRunn
     except TokenizerError as exc:
         error = f"{name} has no usable tokenizer: {exc}"
     return Model(config=config, runner=runner, path=path, name=name, quantization=quantization,
+                 quant_errors=quant_errors,
                  _tokenizer=tokenizer, _tokenizer_error=error)
 
 
-def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig | None, lazy: bool
-                  ) -> tuple[dict[str, np.ndarray | QuantizedWeight], QuantConfig | None]:
-    """A plain checkpoint's weights, quantized if asked; or a quantized checkpoint's, as saved.
+def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig | None, lazy: bool,
+                  measure_error: bool) -> tuple[dict[str, np.ndarray | QuantizedWeight],
+                                                       QuantConfig | None, ErrorReport | None]:
+    """A plain checkpoint's weights, quantized if asked; or a quantized checkpoint's, as saved
+    (no error report: its float weights are not there to compare with).
 
     ``lazy`` leaves bf16 weights in the file until the runner uses them (torch runner only).
     """
@@ -173,8 +176,9 @@ def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig |
         if wanted is not None and wanted != saved:
             raise TinyInferError(f"{path} is already quantized as {saved.name}: load it without "
                                  f"quantize=, or quantize the original checkpoint as {wanted.name}")
-        return load_quantized(path, config)
+        return *load_quantized(path, config), None
     weights = load_weights(path, config, lazy=lazy and wanted is None)
     if wanted is None:
-        return weights, None  # type: ignore[return-value]
-    return quantize_weights(weights, wanted), wanted
+        return weights, None, None  # type: ignore[return-value]
+    quantized = quantize_weights(weights, wanted)
+    return quantized, wanted, error_report(weights, quantized) if measure_error else None

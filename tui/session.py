@@ -270,7 +270,7 @@ def reload(model: tinyinfer.Model, precision: str, device: str | None = None) ->
     """The same checkpoint and runner with linear weights in `precision` ("fp32": unquantized)."""
     source = model.name if model.name in BUNDLED else model.path
     return tinyinfer.load(source, runner=model.runner.name, device=device,
-                          quantize=None if precision == "fp32" else precision)
+                          quantize=None if precision == "fp32" else precision, measure_error=True)
 
 
 def load_model(options: Options, quantize: str | None = None) -> tinyinfer.Model:
@@ -280,7 +280,7 @@ def load_model(options: Options, quantize: str | None = None) -> tinyinfer.Model
     split = options.tensor_parallel > 1
     return tinyinfer.load(options.model, runner=options.runner,
                           device=options.device or ("cpu" if split else None), quantize=quantize,
-                          tensor_parallel=options.tensor_parallel)
+                          tensor_parallel=options.tensor_parallel, measure_error=True)
 
 
 def speculation_for(options: Options, model: tinyinfer.Model, on: bool) -> Speculation:

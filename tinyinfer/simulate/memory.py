@@ -1,7 +1,10 @@
 """Memory arithmetic of a model: parameters by role, weight bytes per precision, KV bytes.
 
-Shared by the simulator and by quantization (which reuses the weight-memory table). Every
-function returns a ``Quantity`` so the number shows the formula that produced it.
+The simulator's estimates, from a config alone: every function returns a ``Quantity`` so the
+number shows the formula that produced it. Weight bytes are an average per parameter, with
+the scale and zero-point sizes of `tinyinfer.quant.formats`; the weight-memory table
+(`tinyinfer.quant.weight_memory_table`) counts the same formats exactly, layer by layer, and
+tests/test_simulate.py pins the two together.
 """
 
 from __future__ import annotations
@@ -9,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tinyinfer.config import ModelConfig
+from tinyinfer.quant.formats import SCALE_BYTES, ZERO_POINT_BYTES
 from tinyinfer.simulate.presets import ModelSpec, SimulationError
 from tinyinfer.simulate.quantity import Quantity, derive, given
 
 WEIGHT_PRECISIONS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}  # bits
 KV_PRECISIONS = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}  # bytes per value
-SCALE_BYTES = 2  # one fp16 scale per group of quantized weights
 
 
 def bytes_per_weight(precision: str, group_size: int = 128, zero_points: bool = False) -> Quantity:
@@ -34,7 +37,7 @@ def bytes_per_weight(precision: str, group_size: int = 128, zero_points: bool = 
     return derive("bytes_per_weight", "B", "bits / 8 + (scale_bytes + zero_bytes) / group_size",
                   note="codes + an fp16 scale per group", bits=bits,
                   scale_bytes=given("scale_bytes", SCALE_BYTES, "B"),
-                  zero_bytes=given("zero_bytes", 0.5 if zero_points else 0, "B",
+                  zero_bytes=given("zero_bytes", ZERO_POINT_BYTES if zero_points else 0, "B",
                                    note="4-bit zero point" if zero_points else "symmetric: none"),
                   group_size=given("group_size", group_size, "weights"))
 
@@ -119,12 +122,6 @@ def weight_bytes(model: ModelSpec | ModelConfig, precision: str, group_size: int
                                           zero_points and precision == "int4"),
         kept_params=given("kept_params", p.kept, "params", note="embeddings, head, norms, biases"),
         kept_bytes=kept_bytes(precision))
-
-
-def weight_memory_table(model: ModelSpec | ModelConfig, group_size: int = 128) -> dict[str, Quantity]:
-    """Weight memory in every precision: the table quantization lessons start from (C11)."""
-    return {precision: weight_bytes(model, precision, group_size)
-            for precision in ("fp32", "bf16", "fp8", "int8", "int4")}
 
 
 def kv_bytes_per_token(config: ModelConfig, precision: str = "bf16") -> Quantity:

@@ -28,7 +28,6 @@ from tinyinfer.simulate.memory import (
     parameter_counts,
     weight_bytes,
     weight_group_size,
-    weight_memory_table,
 )
 from tinyinfer.simulate.presets import (
     HARDWARE,
@@ -55,7 +54,7 @@ __all__ = [
     "ASSUMPTIONS", "Efficiency", "HARDWARE", "Hardware", "KV_PRECISIONS", "MODEL_CONFIGS",
     "ModelSpec", "ParameterCounts", "Quantity", "Scenario", "Simulation", "SimulationError",
     "WEIGHT_PRECISIONS", "bytes_per_weight", "hardware_preset", "kv_bytes_per_token",
-    "model_preset", "parameter_counts", "simulate", "sweep", "weight_bytes", "weight_memory_table",
+    "model_preset", "parameter_counts", "simulate", "sweep", "weight_bytes",
 ]
 
 ASSUMPTIONS = (

@@ -3,28 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from rich.text import Text
 from textual.reactive import reactive
 
 from tinyinfer.loading import Model
-from tinyinfer.quant import (Histogram, LayerError, error_histograms, layer_errors,
-                             quantize_weights, read_quant_config)
-from tinyinfer.weights import load_weights
+from tinyinfer.quant import Histogram, LayerError
 
 from tui.panels.base import Panel
 from tui.session import precision_of
 
 PRECISIONS = ("fp32", "int8", "int4")  # the m key cycles through these
-BINS = 24  # histogram bins: one character each
 SPARK = "▁▂▃▄▅▆▇█"
 BAR_WIDTH = 12
 
 
 @dataclass(frozen=True)
 class QuantReport:
-    """What quant.py measures for one model at one precision; no errors for fp32."""
+    """What tinyinfer.quant measured for one model at one precision; no errors for fp32."""
 
     precision: str  # "fp32" or a QuantConfig name
     errors: tuple[LayerError, ...] = ()
@@ -32,29 +28,19 @@ class QuantReport:
     note: str = ""  # why nothing was measured, when that is the case
 
 
-_REPORTS: dict[tuple[Path, str], QuantReport] = {}
+def report_of(model: Model) -> QuantReport:
+    """The per-layer errors and histograms measured when the model was quantized at load.
 
-
-def measure(model: Model) -> QuantReport:
-    """Per-layer errors and histograms of the model's linear weights at its precision (slow, cached)."""
-    key = (model.path, precision_of(model))
-    if key not in _REPORTS:
-        _REPORTS[key] = _compute(model)
-    return _REPORTS[key]
-
-
-def _compute(model: Model) -> QuantReport:
+    They ride on the Model (`Model.quant_errors`, from `tinyinfer.load(..., measure_error=True)`),
+    which the screen holds already: the panel reads no checkpoint and quantizes nothing.
+    """
     precision = precision_of(model)
     if model.quantization is None:
         return QuantReport(precision)
-    if read_quant_config(model.path) is not None:
-        return QuantReport(precision, note="This checkpoint was saved quantized: its float "
-                                           "weights are not there to compare with.")
-    original = load_weights(model.path, model.config)
-    quantized = quantize_weights(original, model.quantization)
-    errors = tuple(layer_errors(original, quantized))
-    histograms = tuple(error_histograms(original[e.name], quantized[e.name], BINS) for e in errors)
-    return QuantReport(precision, errors, histograms)
+    if model.quant_errors is None:
+        return QuantReport(precision, note="No float weights to compare with: this checkpoint "
+                                           "was saved quantized (or loaded without measure_error).")
+    return QuantReport(precision, model.quant_errors.layers, model.quant_errors.histograms)
 
 
 def short_name(name: str) -> str:

@@ -17,7 +17,7 @@ from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
-from tinyinfer import Model, SamplingParams
+from tinyinfer import SamplingParams
 from tinyinfer.errors import TinyInferError
 from tinyinfer.trace import StepTrace
 
@@ -26,7 +26,7 @@ from tui.narration import Narration, narrate, precision_switched
 from tui.options import Options
 from tui.panels import PANELS
 from tui.panels.narration import NarrationPanel
-from tui.panels.quantization import QuantReport, measure, next_precision
+from tui.panels.quantization import QuantReport, next_precision, report_of
 from tui.screens.help import HelpScreen
 from tui.screens.prompt import PromptScreen
 from tui.screens.sampling import SamplingScreen
@@ -153,7 +153,7 @@ class RunScreen(Screen):
         self.features = features(self.session)
         self.watch_walkthrough(self.walkthrough)
         self.show_frame()
-        self._measure()
+        self._show_quantization()
 
     def adopt(self, session: Session) -> None:
         """Show a new session (a new prompt, speculative decoding switched)."""
@@ -163,7 +163,7 @@ class RunScreen(Screen):
         self.sampling = sampling_for(session)
         self.features = features(session)
         self.show_frame()
-        self._measure()
+        self._show_quantization()
 
     # ------------------------------------------------------------------ showing
 
@@ -341,16 +341,10 @@ class RunScreen(Screen):
 
     # ------------------------------------------------------------------ quantization
 
-    def _measure(self) -> None:
-        """Measure the running model's quantization error in a worker, if this run shows it."""
-        self.quant_report = None
-        if self.session.source.precision and self.session.engine is not None:
-            self._measure_model(self.session.engine.model)
-
-    @work(thread=True, exclusive=True, exit_on_error=False, group="quantization")
-    def _measure_model(self, model: Model) -> None:
-        report = measure(model)
-        self.app.call_from_thread(setattr, self, "quant_report", report)
+    def _show_quantization(self) -> None:
+        """The running model's quantization error, measured when it loaded, if this run shows it."""
+        live = bool(self.session.source.precision) and self.session.engine is not None
+        self.quant_report = report_of(self.session.engine.model) if live else None
 
     async def action_precision(self) -> None:
         """Reload the model at the next weight precision and run the same requests again."""

@@ -1,0 +1,33 @@
+"""Weight-only quantization: int8 per output channel, int4 in groups, and int8 K/V.
+
+Three modules, read in this order:
+
+* `formats`: QuantConfig and the math of one weight (quantize / dequantize, int4 packing),
+  int8 K/V, and the bytes each format stores. Lesson 10 is about this one.
+* `checkpoint`: whole models: quantize a weight dict as it loads, save and load quantized folders.
+* `report`: what it costs and saves: per-layer rounding error and histograms, the
+  weight-memory table.
+
+Every public name is importable from `tinyinfer.quant` itself.
+"""
+
+from tinyinfer.quant.checkpoint import (CONFIG_FILE, FORMAT, load_quantized, quantize_weights,
+                                        read_quant_config, save_quantized)
+from tinyinfer.quant.formats import (BITS, GROUP_SIZES, LINEAR_NAMES, SCALE_BYTES, ZERO_POINT_BYTES,
+                                     QuantConfig, QuantizationError, QuantizedWeight, codes_and_zeros,
+                                     concat_out, dequantize, dequantize_kv, is_quantized_name,
+                                     pack_int4, quantize, quantize_kv, unpack_int4)
+from tinyinfer.quant.report import (BINS, MEMORY_FORMATS, ErrorReport, Histogram, LayerError, MemoryRow,
+                                    error_histograms, error_report, format_memory_table, histogram,
+                                    layer_error, layer_errors, memory_row, weight_memory_table,
+                                    weights_nbytes)
+
+__all__ = [
+    "BINS", "BITS", "CONFIG_FILE", "FORMAT", "GROUP_SIZES", "LINEAR_NAMES", "MEMORY_FORMATS",
+    "SCALE_BYTES", "ZERO_POINT_BYTES", "ErrorReport", "Histogram", "LayerError", "MemoryRow",
+    "QuantConfig", "QuantizationError", "QuantizedWeight", "codes_and_zeros", "concat_out",
+    "dequantize", "dequantize_kv", "error_histograms", "error_report", "format_memory_table",
+    "histogram", "is_quantized_name", "layer_error", "layer_errors", "load_quantized", "memory_row",
+    "pack_int4", "quantize", "quantize_kv", "quantize_weights", "read_quant_config",
+    "save_quantized", "unpack_int4", "weight_memory_table", "weights_nbytes",
+]

@@ -1,0 +1,253 @@
+"""Quantization formats: how a float weight becomes small integers and back (lesson 10).
+
+Start here. A quantized weight keeps small integer *codes* and, per group of inputs of one
+output row, a float16 *scale* (and for asymmetric int4 an integer *zero point*):
+
+    weight ≈ (code - zero) * scale
+
+* int8: one group per output row (per-output-channel), codes in [-128, 127], zero 0.
+* int4: groups of 32 / 64 / 128 inputs (the last group of a row may be shorter), two codes
+  packed per byte. Symmetric: codes in [-8, 7], stored as nibbles code + 8 (zero 8).
+  Asymmetric: codes in [0, 15] with a zero point per group, itself packed as a nibble.
+
+Every scale is the smallest float16 whose grid covers the group's range, so each weight is
+off by at most half a scale step. Only the transformer blocks' linear layers are quantized
+(`is_quantized_name`); embeddings, the LM head (its errors land straight on the logits),
+norms and biases stay in floating point. The K/V cache has its own int8 format: one scale
+per token and head (`quantize_kv`).
+
+`QuantConfig.stored_bytes` says how many bytes a format stores: the weight-memory table
+(`tinyinfer.quant.report`) counts with it, and the simulator (`tinyinfer.simulate.memory`,
+config only) takes the same scale and zero-point sizes. Whole checkpoints are in
+`tinyinfer.quant.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from tinyinfer.errors import TinyInferError
+
+BITS = (8, 4)
+GROUP_SIZES = (32, 64, 128)
+LINEAR_NAMES = ("q", "k", "v", "o", "gate", "up", "down", "fc", "proj")
+SCALE_BYTES = 2  # one float16 scale per group
+ZERO_POINT_BYTES = 0.5  # asymmetric int4: one 4-bit zero point per group, two to a byte
+
+
+class QuantizationError(TinyInferError):
+    """A quantization format is asked for that does not exist, or a weight cannot be stored in it."""
+
+
+def is_quantized_name(name: str) -> bool:
+    """Whether a runner weight name is a block's linear layer, the weights quantization applies to."""
+    parts = name.split(".")
+    return parts[0] == "layers" and parts[-1] == "weight" and parts[-2] in LINEAR_NAMES
+
+
+# ---------------------------------------------------------------- formats
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """A weight format: bits, group size (int4) and whether int4 groups carry zero points."""
+
+    bits: int
+    group_size: int | None = None  # int4 only; int8 always uses one group per output row
+    symmetric: bool = True
+
+    def __post_init__(self) -> None:
+        if self.bits not in BITS:
+            raise QuantizationError(f"bits must be 8 or 4, got {self.bits}")
+        if self.bits == 8 and (self.group_size is not None or not self.symmetric):
+            raise QuantizationError("int8 is per-output-channel and symmetric: drop the group size "
+                                    "and --asymmetric, or use --bits 4")
+        if self.bits == 4 and self.group_size not in GROUP_SIZES:
+            raise QuantizationError(f"int4 group size must be one of {GROUP_SIZES}, "
+                                    f"got {self.group_size}")
+
+    @property
+    def name(self) -> str:
+        """Short name: int8, int4-g128, int4-g64-asym."""
+        if self.bits == 8:
+            return "int8"
+        return f"int4-g{self.group_size}" + ("" if self.symmetric else "-asym")
+
+    @classmethod
+    def parse(cls, name: str) -> QuantConfig:
+        """Read a short name back: 'int8', 'int4' (= int4-g128), 'int4-g64', 'int4-g32-asym'."""
+        parts = name.strip().lower().split("-")
+        try:
+            if parts == ["int8"]:
+                return cls(bits=8)
+            if parts[0] == "int4" and len(parts) <= 3:
+                group = int(parts[1].removeprefix("g")) if len(parts) > 1 else 128
+                if len(parts) == 3 and parts[2] != "asym":
+                    raise ValueError(parts[2])
+                return cls(bits=4, group_size=group, symmetric=len(parts) < 3)
+        except ValueError:
+            pass
+        raise QuantizationError(f"unknown quantization {name}: use int8, int4, int4-g32, int4-g64, "
+                                "int4-g128, optionally with -asym for int4 (e.g. int4-g64-asym)")
+
+    @property
+    def code_range(self) -> tuple[int, int]:
+        """Smallest and largest code: signed when symmetric, unsigned with a zero point otherwise."""
+        if self.symmetric:
+            return -(2 ** (self.bits - 1)), 2 ** (self.bits - 1) - 1
+        return 0, 2 ** self.bits - 1
+
+    def stored_bytes(self, out: int, in_features: int) -> tuple[int, int]:
+        """Bytes of an [out, in] weight in this format: (codes, scales + zero points)."""
+        groups = math.ceil(in_features / (self.group_size or in_features))
+        codes = out * (in_features if self.bits == 8 else math.ceil(in_features / 2))
+        zeros = 0 if self.symmetric else out * math.ceil(groups * ZERO_POINT_BYTES)
+        return codes, out * groups * SCALE_BYTES + zeros
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedWeight:
+    """A linear layer's [out, in] weight as integer codes plus float16 scales (and zero points)."""
+
+    data: np.ndarray  # int8 [out, in], or uint8 [out, ceil(in / 2)]: two int4 nibbles per byte
+    scales: np.ndarray  # float16 [out, groups]; int8 has one group per row
+    zeros: np.ndarray | None  # uint8 [out, ceil(groups / 2)] packed zero points (asymmetric int4)
+    in_features: int
+    config: QuantConfig
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.data.shape[0], self.in_features
+
+    @property
+    def group_size(self) -> int:
+        return self.config.group_size or self.in_features
+
+    @property
+    def num_groups(self) -> int:
+        return self.scales.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: codes, scales and zero points."""
+        return self.data.nbytes + self.scales.nbytes + (0 if self.zeros is None else self.zeros.nbytes)
+
+
+def pack_int4(codes: np.ndarray) -> np.ndarray:
+    """Two 4-bit codes per byte, the even column in the low nibble.  [..., n] in 0..15 -> uint8 [..., ceil(n / 2)]."""
+    codes = np.asarray(codes)
+    if codes.size and (codes.min() < 0 or codes.max() > 15):
+        raise ValueError("int4 codes must lie in 0..15")
+    if codes.shape[-1] % 2:
+        codes = np.concatenate([codes, np.zeros((*codes.shape[:-1], 1), codes.dtype)], axis=-1)
+    codes = codes.astype(np.uint8)
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_int4(packed: np.ndarray, n: int) -> np.ndarray:
+    """Undo pack_int4.  uint8 [..., ceil(n / 2)] -> uint8 [..., n] in 0..15."""
+    pairs = np.stack([packed & 0x0F, packed >> 4], axis=-1)  # [..., ceil(n/2), 2]
+    return pairs.reshape(*packed.shape[:-1], -1)[..., :n]
+
+
+def _float16_scale(scale: np.ndarray) -> np.ndarray:
+    """Round scales *up* to float16, so the rounded grid still covers the range it was sized for."""
+    with np.errstate(over="ignore"):
+        half = scale.astype(np.float16)
+    low = half.astype(np.float32) < scale
+    half[low] = np.nextafter(half[low], np.float16(np.inf))
+    if not np.isfinite(half).all():
+        raise QuantizationError("a weight is too large for a float16 scale (|w| > 1e6): "
+                                "this checkpoint cannot be quantized")
+    return half
+
+
+def _per_element(per_group: np.ndarray, group_size: int, in_features: int) -> np.ndarray:
+    """Repeat each group's value over its inputs.  [out, groups] -> [out, in] (ragged last group cut)."""
+    return np.repeat(per_group, group_size, axis=1)[:, :in_features]
+
+
+def quantize(weight: np.ndarray, config: QuantConfig) -> QuantizedWeight:
+    """Quantize one [out, in] weight to the format `config` names."""
+    w = np.asarray(weight, dtype=np.float32)  # [out, in]
+    if w.ndim != 2 or 0 in w.shape:
+        raise QuantizationError(f"only non-empty 2-D weights can be quantized, got shape {w.shape}")
+    if not np.isfinite(w).all():
+        raise QuantizationError("the weight holds NaN or infinity: the checkpoint is corrupt")
+    out, n = w.shape
+    group = config.group_size or n
+    starts = np.arange(0, n, group)  # first input of each group
+    # The grid must hold zero exactly (padding, ReLU-like zeros), so each range includes it.
+    lo = np.minimum(np.minimum.reduceat(w, starts, axis=1), 0.0)  # [out, groups]
+    hi = np.maximum(np.maximum.reduceat(w, starts, axis=1), 0.0)
+    qmin, qmax = config.code_range
+    if config.symmetric:
+        scale = _float16_scale(np.maximum(lo / qmin, hi / qmax))
+        zero = np.zeros_like(lo, dtype=np.int32)
+    else:
+        scale = _float16_scale((hi - lo) / (qmax - qmin))
+        safe = np.where(scale > 0, scale.astype(np.float32), 1.0)
+        zero = np.clip(np.round(-lo / safe), qmin, qmax).astype(np.int32)
+    s = _per_element(scale.astype(np.float32), group, n)  # [out, in]
+    z = _per_element(zero, group, n)
+    steps = np.divide(w, s, out=np.zeros_like(w), where=s > 0)
+    codes = np.clip(np.round(steps) + z, qmin, qmax).astype(np.int32)
+    if config.bits == 8:
+        return QuantizedWeight(codes.astype(np.int8), scale, None, n, config)
+    if config.symmetric:
+        return QuantizedWeight(pack_int4(codes + 8), scale, None, n, config)
+    return QuantizedWeight(pack_int4(codes), scale, pack_int4(zero), n, config)
+
+
+def codes_and_zeros(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray]:
+    """Stored codes [out, in] and zero points [out, groups], so that weight = (code - zero) * scale."""
+    out, n = qw.shape
+    if qw.config.bits == 8:
+        return qw.data.astype(np.int32), np.zeros((out, qw.num_groups), np.int32)
+    codes = unpack_int4(qw.data, n).astype(np.int32)
+    if qw.zeros is None:
+        return codes, np.full((out, qw.num_groups), 8, np.int32)
+    return codes, unpack_int4(qw.zeros, qw.num_groups).astype(np.int32)
+
+
+def dequantize(qw: QuantizedWeight) -> np.ndarray:
+    """Back to float32: (code - zero) * scale, each group with its own scale.  -> [out, in].
+
+    The products are exact in float32 (a 9-bit integer times an 11-bit float16 mantissa).
+    """
+    codes, zeros = codes_and_zeros(qw)
+    n, g = qw.in_features, qw.group_size
+    z = _per_element(zeros, g, n)
+    s = _per_element(qw.scales.astype(np.float32), g, n)
+    return (codes - z).astype(np.float32) * s
+
+
+def concat_out(parts: list[QuantizedWeight]) -> QuantizedWeight:
+    """Stack weights of one format along the output axis (fusing q|k|v or gate|up)."""
+    first = parts[0]
+    if any(p.config != first.config or p.in_features != first.in_features for p in parts):
+        raise ValueError("only weights of one format and input width can be fused")
+    zeros = None if first.zeros is None else np.concatenate([p.zeros for p in parts])
+    return QuantizedWeight(np.concatenate([p.data for p in parts]),
+                           np.concatenate([p.scales for p in parts]), zeros,
+                           first.in_features, first.config)
+
+
+# ---------------------------------------------------------------- int8 K/V
+
+
+def quantize_kv(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int8 K or V with one float16 scale per token and head.  x: [T, Hkv, hd] -> int8 [T, Hkv, hd], [T, Hkv]."""
+    amax = np.abs(x).max(axis=-1).astype(np.float32)  # [T, Hkv]
+    scale = _float16_scale(amax / 127)
+    s = scale.astype(np.float32)[..., None]
+    steps = np.divide(x, s, out=np.zeros(x.shape, np.float32), where=s > 0)
+    return np.clip(np.round(steps), -127, 127).astype(np.int8), scale
+
+
+def dequantize_kv(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Undo quantize_kv.  codes: [..., hd] int8, scales: [...] -> float32 [..., hd]."""
+    return codes.astype(np.float32) * scales.astype(np.float32)[..., None]

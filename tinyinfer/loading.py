@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tinyinfer.config import ModelConfig, load_config
+from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import PromptError, TinyInferError, TokenizerError, missing_package
 from tinyinfer.model.runner import ModelRunner, make_batch
 from tinyinfer.quant import QuantConfig, QuantizedWeight, load_quantized, quantize_weights, read_quant_config
@@ -24,7 +25,7 @@ BUNDLED = {
 RUNNERS = ("numpy", "torch")
 
 
-@dataclass
+@dataclass(init=False)
 class Model:
     """A loaded model: its config, tokenizer and a runner that computes its forward pass."""
 
@@ -32,15 +33,28 @@ class Model:
     runner: ModelRunner
     path: Path
     name: str
-    quantization: QuantConfig | None = None  # weight format of the linear layers; None = float
-    _tokenizer: Tokenizer | None = field(default=None, repr=False)
-    _tokenizer_error: str = field(default="", repr=False)
+    quantization: QuantConfig | None  # weight format of the linear layers; None = float
+    tokenizer_error: str = field(repr=False)  # why there is no tokenizer (empty when there is one)
+    _tokenizer: Tokenizer | None = field(repr=False)
+
+    def __init__(self, config: ModelConfig, runner: ModelRunner, path: Path, name: str,
+                 quantization: QuantConfig | None = None, tokenizer: Tokenizer | None = None,
+                 tokenizer_error: str = ""):
+        self.config, self.runner, self.path, self.name = config, runner, path, name
+        self.quantization = quantization
+        self.tokenizer = tokenizer
+        self.tokenizer_error = tokenizer_error
 
     @property
     def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer; a TokenizerError saying why when it has none (see has_tokenizer)."""
         if self._tokenizer is None:
-            raise TokenizerError(self._tokenizer_error)
+            raise TokenizerError(self.tokenizer_error)
         return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer: Tokenizer | None) -> None:
+        self._tokenizer = tokenizer
 
     @property
     def has_tokenizer(self) -> bool:
@@ -51,14 +65,14 @@ class Model:
         """Token ids that end a generation: the config's, else the tokenizer's."""
         if self.config.eos_token_ids:
             return self.config.eos_token_ids
-        if self._tokenizer is not None and self._tokenizer.eos_token_id is not None:
-            return (self._tokenizer.eos_token_id,)
+        if self.has_tokenizer and self.tokenizer.eos_token_id is not None:
+            return (self.tokenizer.eos_token_id,)
         return ()
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Full causal forward of one sequence: float32 logits [len(token_ids), vocab]."""
         ids = check_token_ids(token_ids, self.config)
-        block_size = 16
+        block_size = DEFAULTS.block_size
         pages = list(range(math.ceil(len(ids) / block_size)))
         kv = self.runner.new_kv_cache(len(pages), block_size)
         batch = make_batch([(ids, 0, pages, True)], block_size)
@@ -126,7 +140,7 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
     except TokenizerError as exc:
         error = f"{name} has no usable tokenizer: {exc}"
     return Model(config=config, runner=model_runner, path=path, name=name, quantization=quantization,
-                 _tokenizer=tokenizer, _tokenizer_error=error)
+                 tokenizer=tokenizer, tokenizer_error=error)
 
 
 def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig | None, lazy: bool

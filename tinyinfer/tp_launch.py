@@ -35,7 +35,7 @@ from tinyinfer.loading import Model, resolve_source
 from tinyinfer.model.torch_tp import ShardRunner, check_tensor_parallel, random_shard_weights
 from tinyinfer.model.torch_tp_runner import TensorParallelRunner, serve_worker
 from tinyinfer.model.torch_weights import pick_device
-from tinyinfer.tokenizer import load_tokenizer
+from tinyinfer.tokenizer import Tokenizer, load_tokenizer
 from tinyinfer.weights import load_weights
 
 
@@ -77,9 +77,7 @@ def load_tensor_parallel(source: str | Path = "bundled", tensor_parallel: int = 
         tokenizer = load_tokenizer(path, eos_token_id=(config.eos_token_ids or (None,))[0])
     except TokenizerError as exc:
         error = f"{name} has no usable tokenizer: {exc}"
-    model = _launch(spec, config, name, startup_timeout)
-    model._tokenizer, model._tokenizer_error = tokenizer, error
-    return model
+    return _launch(spec, config, name, startup_timeout, tokenizer, error)
 
 
 def load_tensor_parallel_random(config: ModelConfig, tensor_parallel: int = 2, device: str | None = None,
@@ -91,7 +89,8 @@ def load_tensor_parallel_random(config: ModelConfig, tensor_parallel: int = 2, d
     to fit anywhere whole. No tokenizer: feed token ids.
     """
     spec = _spec(config, None, tensor_parallel, device, dtype, runner_options, seed=seed)
-    return _launch(spec, config, name, startup_timeout)
+    return _launch(spec, config, name, startup_timeout, None,
+                   f"{name} has random weights and no tokenizer: pass token ids")
 
 
 def _spec(config: ModelConfig, path: Path | None, world: int, device: str | None, dtype: str | None,
@@ -111,7 +110,8 @@ def _spec(config: ModelConfig, path: Path | None, world: int, device: str | None
                       random_config=config if path is None else None, seed=seed, threads=per_rank)
 
 
-def _launch(spec: LaunchSpec, config: ModelConfig, name: str, startup_timeout: float) -> Model:
+def _launch(spec: LaunchSpec, config: ModelConfig, name: str, startup_timeout: float,
+            tokenizer: Tokenizer | None, tokenizer_error: str) -> Model:
     """Start the workers, build rank 0's shard, join the group; a Model whose runner is rank 0."""
     workers = _Workers.start(spec)
     if spec.threads is not None:
@@ -128,7 +128,7 @@ def _launch(spec: LaunchSpec, config: ModelConfig, name: str, startup_timeout: f
     runner = TensorParallelRunner(shard, workers.conns, workers_alive=workers.alive, on_close=workers.stop)
     atexit.register(runner.close)
     return Model(config=config, runner=runner, path=spec.path or Path(name), name=name,  # type: ignore[arg-type]
-                 _tokenizer_error=f"{name} has random weights and no tokenizer: pass token ids")
+                 tokenizer=tokenizer, tokenizer_error=tokenizer_error)
 
 
 def free_port() -> int:

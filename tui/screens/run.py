@@ -18,6 +18,7 @@ from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
 from tinyinfer import Model, SamplingParams
+from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import TinyInferError
 from tinyinfer.trace import StepTrace
 
@@ -173,7 +174,7 @@ class RunScreen(Screen):
         frame = session.frame
         self.frame = frame
         scenario = session.scenario
-        block_size = frame.pool.block_size if frame.pool else 16
+        block_size = frame.pool.block_size if frame.pool else DEFAULTS.block_size
         self.narration = narrate(frame, scenario.intro if scenario else "", block_size)
         where = "live" if session.at_end and session.is_live else (
             "end of recording" if session.at_end else "replaying recorded steps")

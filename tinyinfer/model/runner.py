@@ -1,4 +1,7 @@
-"""What every model runner takes and returns: one mixed batch per step.
+"""The runner contract: what every model runner takes and returns, one mixed batch per step.
+
+``ModelRunner`` declares all the engine, benchmarks and TUI may call; ``RunnerInfo`` says what
+a runner is (dtype, device, bytes per K/V value, tensor-parallel ranks).
 
 A step may hold several sequences at once, some prefilling a chunk of their prompt and some
 decoding one token. All their new tokens are packed into one flat list; ``query_starts``

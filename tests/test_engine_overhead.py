@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import tinyinfer
-from tinyinfer.config import load_config
+from tinyinfer.config import ModelConfig, load_config
 from tinyinfer.loading import BUNDLED, Model
-from tinyinfer.model.runner import Batch, TopLogits
+from tinyinfer.model.runner import Batch, RunnerInfo, TopLogits
 from tinyinfer.tokenizer import load_tokenizer
 
 
@@ -26,9 +26,17 @@ class InstantRunner:
     """Answers every step at once: token 0 greedy, all logits zero (no model math)."""
 
     name = "instant"
+    capture_attention = False
+    last_attention: tuple = ()
+    last_timings: tuple = ()
 
-    def __init__(self, vocab_size: int):
-        self.vocab_size = vocab_size
+    def __init__(self, config: ModelConfig):
+        self.config = config
+        self.vocab_size = config.vocab_size
+
+    @property
+    def info(self) -> RunnerInfo:
+        return RunnerInfo(name=self.name, dtype="float32", device="cpu", itemsize=4, weight_bytes=0)
 
     def new_kv_cache(self, num_pages: int, block_size: int) -> None:
         return None
@@ -48,8 +56,8 @@ class InstantRunner:
 @pytest.mark.parametrize("batch", [16, 256])
 def test_decode_step_host_time(benchmark, batch):
     config = load_config(BUNDLED["bundled"])
-    model = Model(config=config, runner=InstantRunner(config.vocab_size),  # type: ignore[arg-type]
-                  path=BUNDLED["bundled"], name="instant", _tokenizer=load_tokenizer(BUNDLED["bundled"]))
+    model = Model(config=config, runner=InstantRunner(config),
+                  path=BUNDLED["bundled"], name="instant", tokenizer=load_tokenizer(BUNDLED["bundled"]))
     engine = tinyinfer.Engine(model, max_num_seqs=batch, max_num_batched_tokens=8192,
                               num_pages=batch * 60, detail="none")
     rng = np.random.default_rng(0)

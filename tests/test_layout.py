@@ -94,7 +94,7 @@ WALLS = [
      "terminal output knows nothing of what it shows"),
 ]
 CORE = ("config", "tokenizer", "weights", "loading", "kv", "scheduler", "sampling",
-        "speculative", "quant", "engine", "trace", "errors")
+        "speculative", "quant", "engine", "engine_config", "trace", "errors")
 
 
 def test_the_walls_between_the_rooms_hold():

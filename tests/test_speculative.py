@@ -47,20 +47,20 @@ def test_greedy_speculative_equals_plain_greedy(pair, drafter_kind):
 
 def test_rejections_leak_no_pages(pair):
     target, draft = pair
-    drafter = DraftModelDrafter(draft, num_pages=64, block_size=4)
-    engine = tinyinfer.Engine(target, drafter=drafter, num_draft=5, block_size=4, num_pages=60,
-                              max_num_batched_tokens=48)
+    engine = tinyinfer.Engine(target, drafter=DraftModelDrafter(draft), num_draft=5, block_size=4,
+                              num_pages=60, draft_num_pages=64, max_num_batched_tokens=48)
+    draft_pool = engine.draft_run.pool  # the engine runs the draft model on its own pages
     params = [tinyinfer.SamplingParams(temperature=1.0, seed=s, max_tokens=30) for s in range(8)]
     ids = [engine.add_request(p, sp) for p, sp in zip(repetitive_prompts(8), params)]
     saw_rejection = False
     while engine.has_unfinished():
         trace = engine.step()
         engine.pool.check()
-        drafter.pool.check()
+        draft_pool.check()
         saw_rejection |= any(s.accepted < len(s.draft_tokens) for s in trace.seqs)
     assert saw_rejection
     assert all(len(engine.release(i).token_ids) == 30 for i in ids)
-    assert engine.pool.num_used_pages == 0 and drafter.pool.num_used_pages == 0
+    assert engine.pool.num_used_pages == 0 and draft_pool.num_used_pages == 0
     stats = engine.spec_stats
     assert 0 < stats.acceptance_rate < 1 and stats.forwards_saved == stats.accepted
 

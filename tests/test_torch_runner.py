@@ -15,6 +15,7 @@ import torch
 import tinyinfer
 from tests.conftest import ORACLE_CONFIGS
 from tinyinfer.config import config_from_dict
+from tinyinfer.engine_config import EngineConfig
 from tinyinfer.errors import TinyInferError
 from tinyinfer.model.numpy_ref import NumpyRunner
 from tinyinfer.model.runner import make_batch
@@ -203,3 +204,20 @@ def test_forward_top_agrees_with_full_logits(oracle_model):
     np.testing.assert_allclose(top.values[:, 0], full.max(axis=1), rtol=1e-6)
     lse = np.log(np.exp(full - full.max(1, keepdims=True)).sum(1)) + full.max(1)
     np.testing.assert_allclose(top.logsumexp, lse, rtol=1e-5)
+
+
+def test_a_bf16_pool_holds_twice_the_pages_of_a_float32_one_for_the_same_budget(oracle_model):
+    folder, _ = oracle_model("llama-gqa-untied")
+    fp32 = tinyinfer.load(folder, runner="torch", device="cpu", dtype="float32")
+    bf16 = tinyinfer.load(folder, runner="torch", device="cpu", dtype="bfloat16")
+    block = 4
+    full_context = -(-fp32.config.max_model_len // block)
+    fp32_page = fp32.config.kv_bytes_per_token(4) * block
+    # A budget of 2 full contexts at float32: above the one-context floor, below 16 sequences' cap.
+    budget = EngineConfig(block_size=block, kv_cache_memory=2 * full_context * fp32_page, max_num_seqs=16)
+    pools = {m.runner.info.dtype: tinyinfer.Engine(m, budget) for m in (fp32, bf16)}
+    assert pools["float32"].pool.num_pages == 2 * full_context
+    assert pools["bfloat16"].pool.num_pages == 4 * full_context
+    for engine in pools.values():
+        assert engine.pool.num_pages * engine.page_bytes == budget.kv_cache_memory  # what it pays for
+        assert engine.kv_cache.num_pages == engine.pool.num_pages

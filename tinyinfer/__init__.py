@@ -8,6 +8,7 @@
 
 from tinyinfer.config import ModelConfig
 from tinyinfer.engine import Completion, Engine
+from tinyinfer.engine_config import EngineConfig
 from tinyinfer.errors import (
     CheckpointError,
     ConfigError,
@@ -25,7 +26,8 @@ from tinyinfer.trace import StepTrace
 __version__ = "0.1.0"
 
 __all__ = [
-    "CheckpointError", "Completion", "ConfigError", "ContextOverflowError", "Engine", "Model",
+    "CheckpointError", "Completion", "ConfigError", "ContextOverflowError", "Engine", "EngineConfig",
+    "Model",
     "ModelConfig", "OutOfPagesError", "PromptError", "SamplingParams", "SamplingParamsError",
     "StepTrace", "TinyInferError", "TokenizerError", "load",
 ]

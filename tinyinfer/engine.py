@@ -12,10 +12,11 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence as Seq
+from typing import Any, Callable, Iterator, Sequence as Seq
 
 import numpy as np
 
+from tinyinfer.engine_config import EngineConfig
 from tinyinfer.errors import ContextOverflowError, OutOfPagesError, PromptError, TinyInferError
 from tinyinfer.kv import PagePool
 from tinyinfer.loading import Model, check_token_ids
@@ -31,15 +32,11 @@ from tinyinfer.sampling import (
     sample_next,
     stop_holdback,
 )
-from tinyinfer.speculative import Draft, Drafter, SpeculativeStats, verify
+from tinyinfer.speculative import Draft, DraftModelDrafter, Drafter, SpeculativeStats, verify
 from tinyinfer.scheduler import Chunk, Scheduler, SchedulerConfig, SchedulerOutput, Sequence
 from tinyinfer.tokenizer import IncrementalDecoder
 from tinyinfer.trace import Candidate, PoolView, SeqStep, StepTrace
 
-DEFAULT_KV_MEMORY = 256 * 1024 * 1024
-# "none": no pool view in traces (benchmarks, serving); "basic": pool view and candidates;
-# "full": also raw top logits and reference attention weights.
-DETAIL_LEVELS = ("none", "basic", "full")
 TOP_LOGITS = 64
 TOP_FOR_GREEDY = 20
 
@@ -86,45 +83,47 @@ class _Request:
 class Engine:
     """Continuous-batching engine over one model and one paged KV cache."""
 
-    def __init__(self, model: Model, *, num_pages: int | None = None, block_size: int = 16,
-                 max_num_seqs: int = 16, max_num_batched_tokens: int = 512,
-                 enable_prefix_caching: bool = True, batching: str = "continuous",
-                 kv_allocation: str = "paged", kv_cache_memory: int = DEFAULT_KV_MEMORY,
-                 seed: int = 0, detail: str = "basic", drafter: Drafter | None = None,
-                 num_draft: int = 4):
-        if detail not in DETAIL_LEVELS:
-            raise TinyInferError(f"detail must be one of {DETAIL_LEVELS}, not {detail}")
+    def __init__(self, model: Model, config: EngineConfig | None = None, *,
+                 drafter: Drafter | None = None, **options: Any):
+        """``options`` are EngineConfig fields that replace ``config``'s (or the defaults):
+        ``Engine(model, max_num_seqs=4)`` is ``Engine(model, EngineConfig(max_num_seqs=4))``."""
+        config = dataclasses.replace(config or EngineConfig(), **options)
+        self.config = config
         self.model = model
-        self.detail = detail
+        self.detail = config.detail
         self.drafter = drafter
-        self.num_draft = num_draft if drafter is not None else 0
+        self.num_draft = config.num_draft if drafter is not None else 0
         self.spec_stats = SpeculativeStats()
         if drafter is not None:
-            _check_drafter(model, drafter, num_draft)
-        if hasattr(model.runner, "capture_attention"):
-            model.runner.capture_attention = detail == "full"
-        config = model.config
-        if num_pages is None:
-            page_bytes = config.kv_bytes_per_token(bytes_per_value=4) * block_size
-            full_context = math.ceil(config.max_model_len / block_size)
-            # Enough pages for every slot's full context if memory allows, and at least one.
-            num_pages = max(min(kv_cache_memory // page_bytes, max_num_seqs * full_context),
-                            full_context)
-        self.pool = PagePool(num_pages, block_size, enable_prefix_caching)
+            _check_drafter(model, drafter, config.num_draft)
+        # The draft model's own KV pages, run by the engine (speculative decoding with a draft model).
+        self.draft_run = (DraftRun(drafter, config.draft_num_pages, config.block_size)
+                          if isinstance(drafter, DraftModelDrafter) else None)
+        runner = model.runner
+        runner.capture_attention = config.detail == "full"
+        self.page_bytes = model.config.kv_bytes_per_token(runner.info.itemsize) * config.block_size
+        num_pages = config.num_pages if config.num_pages is not None else self._default_num_pages()
+        self.pool = PagePool(num_pages, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                            batching=batching, kv_allocation=kv_allocation,
-                            max_model_len=config.max_model_len,
+            SchedulerConfig(max_num_seqs=config.max_num_seqs,
+                            max_num_batched_tokens=config.max_num_batched_tokens,
+                            batching=config.batching, kv_allocation=config.kv_allocation,
+                            max_model_len=model.config.max_model_len,
                             num_lookahead_slots=self.num_draft),
             self.pool,
         )
-        self.kv_cache = model.runner.new_kv_cache(num_pages, block_size)
-        itemsize = int(getattr(getattr(model.runner, "dtype", None), "itemsize", 4))
-        self.page_bytes = config.kv_bytes_per_token(itemsize) * block_size
+        self.kv_cache = runner.new_kv_cache(num_pages, config.block_size)
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
-        self._rng = np.random.default_rng(seed)
+        self._rng = np.random.default_rng(config.seed)
         self.step_count = 0
+
+    def _default_num_pages(self) -> int:
+        """As many pages as kv_cache_memory pays for at the runner's bytes per value (a bf16 pool
+        gets twice a float32 one's), up to every slot's full context, and at least one context."""
+        full_context = math.ceil(self.model.config.max_model_len / self.config.block_size)
+        return max(min(self.config.kv_cache_memory // self.page_bytes,
+                       self.config.max_num_seqs * full_context), full_context)
 
     # ------------------------------------------------------------------ requests
 
@@ -147,7 +146,7 @@ class Engine:
         rng = np.random.default_rng(params.seed if params.seed is not None
                                     else self._rng.integers(2**63))
         seq = Sequence(seq_id, request_id, prompt_ids, params, rng)
-        tokenizer = self.model._tokenizer
+        tokenizer = self.model.tokenizer if self.model.has_tokenizer else None
         decoder = IncrementalDecoder(tokenizer) if tokenizer is not None else None
         self._requests[request_id] = _Request(seq, decoder, RequestMetrics(time.perf_counter()))
         self.scheduler.add(seq)
@@ -238,7 +237,7 @@ class Engine:
         if self.drafter is not None:
             timings["draft"] = t2 - t1
         rank_timings = {}
-        for rank in getattr(self.model.runner, "last_timings", ()) if out.chunks else ():  # TP runners
+        for rank in self.model.runner.last_timings if out.chunks else ():  # tensor parallelism
             rank_timings[f"rank{rank.rank}_compute"] = rank.compute_s
             rank_timings[f"rank{rank.rank}_all_reduce"] = rank.all_reduce_s
             rank_timings[f"rank{rank.rank}_forward"] = rank.forward_s
@@ -260,8 +259,8 @@ class Engine:
         )
 
     def _greedy_only(self, chunks: list[Chunk]) -> bool:
-        """True when the runner can reduce logits on its side and every row is plain greedy."""
-        return (bool(chunks) and self.detail != "full" and hasattr(self.model.runner, "forward_top")
+        """True when every row is plain greedy, so the runner may reduce logits on its side."""
+        return (bool(chunks) and self.detail != "full"
                 and all(is_plain_greedy(c.seq.params, len(c.seq.output_ids), TOP_FOR_GREEDY)
                         for c in chunks))
 
@@ -284,7 +283,10 @@ class Engine:
             return {}
         seqs = [c.seq for c in chunks if c.kind == "decode"]
         ks = [self.scheduler.lookahead(seq) for seq in seqs]
-        drafts = self.drafter.propose(seqs, ks)
+        if self.draft_run is not None:
+            drafts = self.draft_run.propose(seqs, ks)
+        else:
+            drafts = self.drafter.propose(seqs, ks)
         return {seq.seq_id: d for seq, d in zip(seqs, drafts) if d.tokens}
 
     def _forward(self, chunks: list[Chunk], drafts: dict[int, Draft]) -> tuple[np.ndarray, list[slice]]:
@@ -366,7 +368,8 @@ class Engine:
             seq.num_computed = chunk.end + result.accepted
             self.pool.truncate(seq.seq_id, seq.num_computed)
             self.pool.commit(seq.seq_id, seq.all_ids, seq.num_computed)
-            self.drafter.rollback(seq)
+            if self.draft_run is not None:
+                self.draft_run.rollback(seq)
             pages = []
         choice = result.choices[len(emitted) - 1]
         return SeqStep(**{**base, "end": chunk.end + len(draft.tokens)}, token_id=choice.token_id,
@@ -392,8 +395,8 @@ class Engine:
         request.metrics.finished = time.perf_counter()
         if request.decoder is not None and reason == "length":
             request.text += request.decoder.flush()
-        if self.drafter is not None:
-            self.drafter.release(seq)
+        if self.draft_run is not None:
+            self.draft_run.release(seq)
         return self.scheduler.finish(seq)
 
     def _emit_text(self, request: _Request, token_id: int) -> tuple[str, bool]:
@@ -426,7 +429,7 @@ class Engine:
     def _with_detail(self, seq_step: SeqStep, row: int, logits: np.ndarray) -> SeqStep:
         """Attach raw top logits and (reference runner) attention weights to a step record."""
         top = np.argsort(-logits, kind="stable")[:TOP_LOGITS]
-        captured = getattr(self.model.runner, "last_attention", [])
+        captured = self.model.runner.last_attention
         attention = ()
         if row < len(captured):
             attention = tuple(tuple(tuple(float(x) for x in head) for head in layer)
@@ -435,7 +438,7 @@ class Engine:
             seq_step, top_logits=tuple((int(t), float(logits[t])) for t in top), attention=attention)
 
     def _candidates(self, choice: TokenChoice) -> tuple[Candidate, ...]:
-        tokenizer = self.model._tokenizer if self.detail != "none" else None
+        tokenizer = self.model.tokenizer if self.detail != "none" and self.model.has_tokenizer else None
         def text(token_id: int) -> str:
             if tokenizer is None:
                 return ""
@@ -451,7 +454,7 @@ class Engine:
             cached_pages=tuple(p.page_id for p in snap.pages if p.cached),
             page_bytes=self.page_bytes, prefix_hits=snap.prefix_hits,
             prefix_queries=snap.prefix_queries,
-            ranks=getattr(self.model.runner, "rank_shares", ()),  # tensor-parallel runners
+            ranks=self.model.runner.info.rank_shares,  # tensor parallelism (one rank: empty)
         )
 
     def seq_id(self, request_id: str) -> int:
@@ -514,12 +517,74 @@ class Engine:
         return [self.release(i) for i in ids]
 
 
+class DraftRun:
+    """The draft model's side of speculative decoding: its own KV pages, and its forward passes.
+
+    Each round runs the draft model once over every sequence still guessing (its new tokens
+    since the last round: at first the whole context, then one guess), and the drafter's rule
+    turns each row of logits into the next guess.
+    """
+
+    def __init__(self, drafter: DraftModelDrafter, num_pages: int, block_size: int):
+        self.drafter = drafter
+        self.runner = drafter.model.runner
+        self.pool = PagePool(num_pages, block_size, enable_prefix_caching=False)
+        self.kv_cache = self.runner.new_kv_cache(num_pages, block_size)
+        self.computed: dict[int, int] = {}  # seq_id -> tokens whose K/V the draft holds
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        """Up to ks[i] guesses per sequence: k draft-model rounds, batched over sequences."""
+        active = [i for i, (seq, k) in enumerate(zip(seqs, ks)) if k > 0 and self._reserve(seq, k)]
+        tokens: dict[int, list[int]] = {i: [] for i in active}
+        probs: dict[int, list[np.ndarray]] = {i: [] for i in active}
+        rounds = max((ks[i] for i in active), default=0)
+        for _ in range(rounds):
+            live = [i for i in active if len(tokens[i]) < ks[i]]
+            if not live:
+                break
+            feeds = []
+            for i in live:
+                seq, history = seqs[i], seqs[i].all_ids + tokens[i]
+                start = self.computed[seq.seq_id]
+                feeds.append((history[start:], start, self.pool.block_table(seq.seq_id), False))
+                self.computed[seq.seq_id] = len(history)
+            logits = self.runner.forward(make_batch(feeds, self.pool.block_size), self.kv_cache)
+            for row, i in enumerate(live):
+                token, q = self.drafter.guess(seqs[i], tokens[i], logits[row])
+                tokens[i].append(token)
+                probs[i].append(q)
+        return [Draft(tuple(tokens[i]), tuple(probs[i])) if i in tokens else Draft(())
+                for i in range(len(seqs))]
+
+    def _reserve(self, seq: Sequence, k: int) -> bool:
+        """Make room in the draft's pool for the sequence plus k guesses; False if it cannot."""
+        if seq.seq_id not in self.computed:
+            self.pool.add_sequence(seq.seq_id, seq.all_ids)
+            self.computed[seq.seq_id] = 0
+        needed = self.pool.pages_needed(seq.seq_id, seq.num_tokens + k)
+        if not self.pool.can_allocate(needed):
+            return False
+        self.pool.ensure_capacity(seq.seq_id, seq.num_tokens + k)
+        return True
+
+    def rollback(self, seq: Sequence) -> None:
+        """Forget the draft's K/V beyond what the target accepted (seq.num_computed)."""
+        if seq.seq_id in self.computed:
+            keep = min(self.computed[seq.seq_id], seq.num_computed)
+            self.computed[seq.seq_id] = keep
+            self.pool.truncate(seq.seq_id, keep)
+
+    def release(self, seq: Sequence) -> None:
+        """The sequence is gone: free its draft pages."""
+        if self.computed.pop(seq.seq_id, None) is not None:
+            self.pool.free(seq.seq_id)
+
+
 def _check_drafter(model: Model, drafter: Drafter, num_draft: int) -> None:
     if not 1 <= num_draft <= 16:
         raise TinyInferError(f"num_draft must be between 1 and 16, got {num_draft}")
-    draft_model = getattr(drafter, "model", None)
-    if draft_model is not None and draft_model.config.vocab_size != model.config.vocab_size:
+    if isinstance(drafter, DraftModelDrafter) and drafter.model.config.vocab_size != model.config.vocab_size:
         raise TinyInferError(
-            f"the draft model's vocabulary ({draft_model.config.vocab_size}) differs from the "
+            f"the draft model's vocabulary ({drafter.model.config.vocab_size}) differs from the "
             f"target's ({model.config.vocab_size}): they must share a tokenizer"
         )

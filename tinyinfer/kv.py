@@ -22,6 +22,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import OutOfPagesError, PromptError, TinyInferError
 
 
@@ -72,11 +73,12 @@ class _Seq:
 class PagePool:
     """Hands out KV pages to sequences, shares full prompt pages between them, and evicts LRU."""
 
-    def __init__(self, num_pages: int, block_size: int = 16, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_pages: int, block_size: int = DEFAULTS.block_size,
+                 enable_prefix_caching: bool = DEFAULTS.enable_prefix_caching) -> None:
         if num_pages < 1:
             raise TinyInferError(f"num_pages must be at least 1, got {num_pages}; give the KV cache more memory")
         if block_size < 1:
-            raise TinyInferError(f"block_size must be at least 1, got {block_size}; 16 is a good default")
+            raise TinyInferError(f"block_size must be at least 1, got {block_size}; {DEFAULTS.block_size} is a good default")
         self.num_pages = num_pages
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tinyinfer.config import ModelConfig, load_config
+from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import (
     PromptError,
     TinyInferError,
@@ -17,8 +18,15 @@ from tinyinfer.errors import (
     missing_package,
 )
 from tinyinfer.model.runner import ModelRunner, make_batch
-from tinyinfer.quant import (ErrorReport, QuantConfig, QuantizedWeight, error_report, load_quantized,
-                             quantize_weights, read_quant_config)
+from tinyinfer.quant import (
+    ErrorReport,
+    QuantConfig,
+    QuantizedWeight,
+    error_report,
+    load_quantized,
+    quantize_weights,
+    read_quant_config,
+)
 from tinyinfer.tokenizer import Tokenizer, load_tokenizer
 from tinyinfer.weights import load_weights
 
@@ -30,7 +38,7 @@ BUNDLED = {
 RUNNERS = ("numpy", "torch")
 
 
-@dataclass
+@dataclass(init=False)
 class Model:
     """A loaded model: its config, tokenizer and a runner that computes its forward pass."""
 
@@ -38,17 +46,30 @@ class Model:
     runner: ModelRunner
     path: Path
     name: str
-    quantization: QuantConfig | None = None  # weight format of the linear layers; None = float
-    quant_errors: ErrorReport | None = None  # each linear weight's rounding error (measure_error)
-    _tokenizer: Tokenizer | None = field(default=None, repr=False)
-    _tokenizer_error: str = field(default="", repr=False)
+    quantization: QuantConfig | None  # weight format of the linear layers; None = float
+    quant_errors: ErrorReport | None  # each linear weight's rounding error (measure_error)
+    tokenizer_error: str = field(repr=False)  # why there is no tokenizer (empty when there is one)
+    _tokenizer: Tokenizer | None = field(repr=False)
+
+    def __init__(self, config: ModelConfig, runner: ModelRunner, path: Path, name: str,
+                 quantization: QuantConfig | None = None, tokenizer: Tokenizer | None = None,
+                 tokenizer_error: str = "", quant_errors: ErrorReport | None = None):
+        self.config, self.runner, self.path, self.name = config, runner, path, name
+        self.quantization, self.quant_errors = quantization, quant_errors
+        self.tokenizer = tokenizer
+        self.tokenizer_error = tokenizer_error
 
     @property
     def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer; a TokenizerError saying why when it has none (see has_tokenizer)."""
         if self._tokenizer is None:
-            raise TokenizerError(self._tokenizer_error or f"{self.name} has no tokenizer (random "
+            raise TokenizerError(self.tokenizer_error or f"{self.name} has no tokenizer (random "
                                  "weights, or none in its folder): pass token ids")
         return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer: Tokenizer | None) -> None:
+        self._tokenizer = tokenizer
 
     @property
     def has_tokenizer(self) -> bool:
@@ -59,14 +80,14 @@ class Model:
         """Token ids that end a generation: the config's, else the tokenizer's."""
         if self.config.eos_token_ids:
             return self.config.eos_token_ids
-        if self._tokenizer is not None and self._tokenizer.eos_token_id is not None:
-            return (self._tokenizer.eos_token_id,)
+        if self.has_tokenizer and self.tokenizer.eos_token_id is not None:
+            return (self.tokenizer.eos_token_id,)
         return ()
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Full causal forward of one sequence: float32 logits [len(token_ids), vocab]."""
         ids = check_token_ids(token_ids, self.config)
-        block_size = 16
+        block_size = DEFAULTS.block_size
         pages = list(range(math.ceil(len(ids) / block_size)))
         kv = self.runner.new_kv_cache(len(pages), block_size)
         batch = make_batch([(ids, 0, pages, True)], block_size)
@@ -158,8 +179,7 @@ def with_tokenizer(path: Path, name: str, config: ModelConfig, runner: ModelRunn
     except TokenizerError as exc:
         error = f"{name} has no usable tokenizer: {exc}"
     return Model(config=config, runner=runner, path=path, name=name, quantization=quantization,
-                 quant_errors=quant_errors,
-                 _tokenizer=tokenizer, _tokenizer_error=error)
+                 quant_errors=quant_errors, tokenizer=tokenizer, tokenizer_error=error)
 
 
 def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig | None, lazy: bool,

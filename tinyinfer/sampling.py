@@ -354,13 +354,19 @@ def greedy_choices_from_top(ids: np.ndarray, values: np.ndarray, logsumexp: np.n
     return choices
 
 
-def greedy_choice(logits: np.ndarray, params: SamplingParams) -> TokenChoice:
-    """Plain greedy from a full logits row [V] in two passes: top ids and the log-sum-exp."""
+def top_and_logsumexp(logits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """A full logits row [V] in two passes: its n largest (ids and float64 values, largest first,
+    ties toward the lowest id) and its log-sum-exp. All plain greedy decoding needs."""
     x = _as_logits(logits)  # [V]; rejects NaN like the full pipeline does
-    ids = _top_indices(x, max(params.logprobs or 0, 1))
+    ids = _top_indices(x, n)
     m = x[ids[0]]
-    logsumexp = m + np.log(np.exp(x - m).sum())
-    return greedy_choices_from_top(ids[None], x[ids][None], np.array([logsumexp]), [params])[0]
+    return ids, x[ids], float(m + np.log(np.exp(x - m).sum()))
+
+
+def greedy_choice(logits: np.ndarray, params: SamplingParams) -> TokenChoice:
+    """Plain greedy from a full logits row [V]."""
+    ids, values, logsumexp = top_and_logsumexp(logits, max(params.logprobs or 0, 1))
+    return greedy_choices_from_top(ids[None], values[None], np.array([logsumexp]), [params])[0]
 
 
 def sample_next(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import TinyInferError
 from tinyinfer.kv import PagePool
 from tinyinfer.sampling import SamplingParams
@@ -88,10 +89,10 @@ class SchedulerOutput:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 512
-    batching: str = "continuous"  # or "static"
-    kv_allocation: str = "paged"  # or "contiguous"
+    max_num_seqs: int = DEFAULTS.max_num_seqs
+    max_num_batched_tokens: int = DEFAULTS.max_num_batched_tokens
+    batching: str = DEFAULTS.batching  # or "static"
+    kv_allocation: str = DEFAULTS.kv_allocation  # or "contiguous"
     max_model_len: int = 1024
     num_lookahead_slots: int = 0  # extra slots a decoding sequence may fill (speculative drafts)
 

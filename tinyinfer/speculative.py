@@ -1,5 +1,8 @@
 """Speculative decoding: a cheap drafter guesses k tokens, the target checks them in one pass.
 
+This module is the policy only: what to guess (prompt n-grams, or a draft model's next-token
+distribution) and which guesses to keep. The engine runs the models and owns their KV pages.
+
 The target model computes logits at the last token and at every drafted token at once.
 Walking the draft left to right, a drafted token d is accepted with probability
 min(1, p(d) / q(d)) — p is the target's distribution, q the drafter's — and on the first
@@ -13,14 +16,12 @@ one target forward.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence as Seq
+from typing import Sequence as Seq
 
 import numpy as np
 
 from tinyinfer.errors import TinyInferError
-from tinyinfer.kv import PagePool
 from tinyinfer.loading import Model
-from tinyinfer.model.runner import make_batch
 from tinyinfer.sampling import (
     MAX_LOGPROBS,
     TokenChoice,
@@ -39,21 +40,6 @@ class Draft:
 
     tokens: tuple[int, ...]
     probs: tuple[np.ndarray, ...] | None = None
-
-
-class Drafter(Protocol):
-    """Anything that can guess a sequence's next tokens."""
-
-    name: str
-
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-        """Up to ks[i] guessed tokens for each sequence (fewer, or none, is allowed)."""
-
-    def rollback(self, seq: Sequence) -> None:
-        """Forget any state beyond the tokens the target has accepted (seq.num_computed)."""
-
-    def release(self, seq: Sequence) -> None:
-        """The sequence is gone: free everything the drafter keeps for it."""
 
 
 class PromptLookupDrafter:
@@ -82,70 +68,29 @@ class PromptLookupDrafter:
                     return list(ids[start + n:start + n + k])
         return []
 
-    def rollback(self, seq: Sequence) -> None:
-        return None
-
-    def release(self, seq: Sequence) -> None:
-        return None
-
 
 class DraftModelDrafter:
-    """Guess with a small model that shares the target's tokenizer; it keeps its own KV pages."""
+    """Guess with a small model that shares the target's tokenizer.
+
+    The engine runs the draft model (on its own KV pages) one round per guess, batched over
+    sequences, and asks ``guess`` to turn each round's logits into the next guessed token.
+    """
 
     name = "draft"
 
-    def __init__(self, model: Model, num_pages: int = 512, block_size: int = 16):
+    def __init__(self, model: Model):
         self.model = model
-        self.pool = PagePool(num_pages, block_size, enable_prefix_caching=False)
-        self.kv_cache = model.runner.new_kv_cache(num_pages, block_size)
-        self.computed: dict[int, int] = {}  # seq_id -> tokens whose K/V the draft holds
 
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-        """Run the draft model k times (batched over sequences), sampling each guess from q."""
-        active = [i for i, (seq, k) in enumerate(zip(seqs, ks)) if k > 0 and self._reserve(seq, k)]
-        tokens: dict[int, list[int]] = {i: [] for i in active}
-        probs: dict[int, list[np.ndarray]] = {i: [] for i in active}
-        rounds = max((ks[i] for i in active), default=0)
-        for r in range(rounds):
-            live = [i for i in active if len(tokens[i]) < ks[i]]
-            if not live:
-                break
-            feeds = []
-            for i in live:
-                seq, history = seqs[i], seqs[i].all_ids + tokens[i]
-                start = self.computed[seq.seq_id]
-                feeds.append((history[start:], start, self.pool.block_table(seq.seq_id), False))
-                self.computed[seq.seq_id] = len(history)
-            logits = self.model.runner.forward(make_batch(feeds, self.pool.block_size), self.kv_cache)
-            for row, i in enumerate(live):
-                seq = seqs[i]
-                q = processed_probs(logits[row], seq.params, seq.prompt_ids, seq.output_ids + tokens[i])
-                guess = int(np.argmax(q)) if seq.params.greedy else sample_from_probs(q, seq.rng)
-                tokens[i].append(guess)
-                probs[i].append(q)
-        return [Draft(tuple(tokens[i]), tuple(probs[i])) if i in tokens else Draft(())
-                for i in range(len(seqs))]
+    def guess(self, seq: Sequence, guesses: list[int], logits: np.ndarray) -> tuple[int, np.ndarray]:
+        """The next guess after ``guesses``, from the draft's logits [V]: sampled from the draft's
+        distribution q under the sequence's own sampling settings (greedy: q's argmax); and q."""
+        q = processed_probs(logits, seq.params, seq.prompt_ids, seq.output_ids + guesses)
+        token = int(np.argmax(q)) if seq.params.greedy else sample_from_probs(q, seq.rng)
+        return token, q
 
-    def _reserve(self, seq: Sequence, k: int) -> bool:
-        """Make room in the draft's pool for the sequence plus k guesses; False if it cannot."""
-        if seq.seq_id not in self.computed:
-            self.pool.add_sequence(seq.seq_id, seq.all_ids)
-            self.computed[seq.seq_id] = 0
-        needed = self.pool.pages_needed(seq.seq_id, seq.num_tokens + k)
-        if not self.pool.can_allocate(needed):
-            return False
-        self.pool.ensure_capacity(seq.seq_id, seq.num_tokens + k)
-        return True
 
-    def rollback(self, seq: Sequence) -> None:
-        if seq.seq_id in self.computed:
-            keep = min(self.computed[seq.seq_id], seq.num_computed)
-            self.computed[seq.seq_id] = keep
-            self.pool.truncate(seq.seq_id, keep)
-
-    def release(self, seq: Sequence) -> None:
-        if self.computed.pop(seq.seq_id, None) is not None:
-            self.pool.free(seq.seq_id)
+# What the engine accepts as a drafter: n-gram lookup, or a draft model it runs.
+Drafter = PromptLookupDrafter | DraftModelDrafter
 
 
 @dataclass

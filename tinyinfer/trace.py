@@ -10,6 +10,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator
 
+from tinyinfer.model.runner import RankShare
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -44,20 +46,6 @@ class SeqStep:
     emitted: tuple[int, ...] = ()
     top_logits: tuple[tuple[int, float], ...] = ()
     attention: tuple[tuple[tuple[float, ...], ...], ...] = ()  # [layer][head][context]
-
-
-@dataclass(frozen=True)
-class RankShare:
-    """What one tensor-parallel rank owns, as [start, stop) ranges of the whole model's units.
-
-    Every rank holds every KV page, but only its KV heads' slice of it.
-    """
-
-    rank: int
-    heads: tuple[int, int]  # query heads
-    kv_heads: tuple[int, int]  # KV heads: this slice of every page lives on this rank
-    mlp_units: tuple[int, int]  # intermediate units of gate/up (GPT-2: fc) and down (proj)
-    vocab_rows: tuple[int, int]  # rows of the embedding and the LM head
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.trace import SeqStep, StepTrace
 
 from tui.frames import Frame, emitted
@@ -230,7 +231,7 @@ def precision_switched(precision: str, before: str) -> str:
             "each weight's relative error.")
 
 
-def narrate(frame: Frame, intro: str = "", block_size: int = 16) -> Narration:
+def narrate(frame: Frame, intro: str = "", block_size: int = DEFAULTS.block_size) -> Narration:
     """Explain the frame on screen, most instructive event first."""
     if frame.event == "start":
         return _start(frame, intro)

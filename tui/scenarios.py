@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from tinyinfer.engine_config import DEFAULTS
+
 
 @dataclass(frozen=True)
 class Arrival:
@@ -24,7 +26,7 @@ class Scenario:
     intro: str
     arrivals: tuple[Arrival, ...]
     num_pages: int = 32  # 0: size the pool from the prompts so it is just too small (pressure)
-    block_size: int = 16
+    block_size: int = DEFAULTS.block_size
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 256
     temperature: float = 0.8

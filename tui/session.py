@@ -49,7 +49,7 @@ class Source:
 class Speculation:
     """How to make a drafter for speculative decoding, and whether a session uses one."""
 
-    make: Callable[[], Drafter]  # a fresh drafter per engine (a draft model keeps KV pages)
+    make: Callable[[], Drafter]  # the drafter for each new engine
     name: str
     num_draft: int = 4
     on: bool = False
@@ -90,13 +90,10 @@ class Session:
         source = Source(model.name, model.runner.name, scenario.name,
                         speculation.name if speculating else "",
                         precision_of(model) if scenario.quantize is not None else "")
-        itemsize = getattr(getattr(model.runner, "dtype", None), "itemsize", None)
-        page_bytes = (model.config.kv_bytes_per_token(itemsize) * scenario.block_size
-                      if isinstance(itemsize, int) else None)
         if record is not None:
             record.write_text("", encoding="utf-8")
         session = cls([], source, engine, scenario, record=record, seed=seed,
-                      kv_bytes_per_page=page_bytes, speculation=speculation)
+                      kv_bytes_per_page=engine.page_bytes, speculation=speculation)
         session.pending = [(a, i) for i, a in enumerate(scenario.arrivals)]
         first = tuple(session._submit(a, i) for a, i in session._due(0))
         session.frames = [start_frame(first, engine.pool_view())]

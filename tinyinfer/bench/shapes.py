@@ -26,6 +26,7 @@ from tinyinfer.config import ModelConfig
 from tinyinfer.display import progress
 from tinyinfer.display.tables import table
 from tinyinfer.engine import Engine
+from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import TinyInferError
 from tinyinfer.loading import Model, load, resolve_source
 from tinyinfer.sampling import SamplingParams
@@ -162,11 +163,7 @@ def _sync(device: str) -> None:
 
 def weight_bytes(model: Model) -> int:
     """Bytes of weights one decode step streams (on one rank: rank 0's shard under tensor parallelism)."""
-    runner = getattr(model.runner, "shard", model.runner)
-    streamed = getattr(getattr(runner, "w", None), "streamed_bytes", None)
-    if streamed is not None:
-        return int(streamed())
-    return int(sum(a.nbytes for a in runner.w.values()))
+    return model.runner.info.weight_bytes
 
 
 @dataclass(frozen=True)
@@ -195,9 +192,9 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
     Under tensor parallelism the roofline is one rank's: its shard of the weights and of the
     KV heads, over one device's bandwidth (every rank streams its own shard at once).
     """
-    device = str(getattr(model.runner, "device", "cpu"))
-    bandwidth = bandwidth or copy_bandwidth(device if model.runner.name == "torch" else "cpu")
-    ranks = int(getattr(model.runner, "tensor_parallel", 1))
+    info = model.runner.info
+    bandwidth = bandwidth or copy_bandwidth(info.device)
+    ranks = info.tensor_parallel
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True)
     ttfts, tpots, ranked = [], [], []
@@ -218,7 +215,7 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
                 ttfts.append(step_times[0])
                 tpots += step_times[1:]
                 ranked += step_ranks[1:]
-    itemsize = int(model.runner.dtype.itemsize)
+    itemsize = model.runner.info.itemsize
     kv_read = model.config.kv_bytes_per_token(itemsize) * (prompt_tokens + decode_tokens // 2) // ranks
     bytes_per_step = weight_bytes(model) + kv_read
     tpot = statistics.median(tpots)
@@ -227,7 +224,7 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
         decode_tokens=decode_tokens, ttft_ms=1e3 * statistics.median(ttfts),
         tpot_p50_ms=1e3 * tpot, tpot_p95_ms=1e3 * float(np.percentile(tpots, 95)),
         decode_tokens_per_s=1 / tpot, bytes_per_step=bytes_per_step, bandwidth=bandwidth,
-        roofline_pct=100 * bytes_per_step / bandwidth / tpot, peak_memory=_peak_memory(device),
+        roofline_pct=100 * bytes_per_step / bandwidth / tpot, peak_memory=_peak_memory(info.device),
         tensor_parallel=ranks,
         all_reduce_ms=1e3 * statistics.median(
             sum(t.get(f"rank{r}_all_reduce", 0.0) for r in range(ranks)) / ranks for t in ranked),
@@ -323,15 +320,15 @@ def bench_throughput(model: Model, workload: list[Request], max_num_seqs: int = 
 
 def _pages_for(model: Model, workload: list[Request], max_num_seqs: int, kv_fraction: float) -> int:
     """Pages for max_num_seqs of the longest requests, within a share of free device memory."""
-    block = 16
+    block = DEFAULTS.block_size
     longest = max(len(r.prompt_ids) + r.max_tokens for r in workload)
     wanted = max_num_seqs * -(-longest // block)
-    if model.runner.name != "torch" or not str(model.runner.device).startswith("cuda"):
+    if not model.runner.info.device.startswith("cuda"):
         return wanted
     import torch
 
     free, _ = torch.cuda.mem_get_info()
-    page_bytes = model.config.kv_bytes_per_token(model.runner.dtype.itemsize) * block
+    page_bytes = model.config.kv_bytes_per_token(model.runner.info.itemsize) * block
     return max(-(-longest // block), min(wanted, int(kv_fraction * free) // page_bytes))
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from tinyinfer.display import progress
 from tinyinfer.display.tables import table
 from tinyinfer.engine import Engine
+from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.loading import Model
 from tinyinfer.sampling import SamplingParams
 
@@ -92,10 +93,10 @@ BATCHING_MODES = {
 }
 
 
-def bench_batching(model: Model, num_requests: int = 200, max_num_seqs: int = 16,
+def bench_batching(model: Model, num_requests: int = 200, max_num_seqs: int = DEFAULTS.max_num_seqs,
                    num_pages: int | None = None, seed: int = 0) -> list[WorkloadResult]:
     """Same workload and page pool through each batching / allocation mode."""
-    block_size = 16
+    block_size = DEFAULTS.block_size
     full_context = -(-model.config.max_model_len // block_size)
     num_pages = num_pages or max_num_seqs * full_context
     workload = make_workload(num_requests, model.config.vocab_size, model.config.max_model_len, seed)

@@ -19,6 +19,7 @@ from tinyinfer.cli.common import (
     positive_int,
     write_json,
 )
+from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import TinyInferError, missing_package
 from tinyinfer.model import threads
 from tui import cli as tui_cli
@@ -81,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--requests", type=positive_int, default=None, metavar="N",
                        help="requests (default: batching 200, throughput 256)")
     bench.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
-                       help="concurrent sequences (default: batching 16, throughput 256)")
+                       help=f"concurrent sequences (default: batching {DEFAULTS.max_num_seqs}, throughput 256)")
     bench.add_argument("--prompt-tokens", type=positive_int, default=512, metavar="N",
                        help="prompt length (latency)")
     bench.add_argument("--max-tokens", type=positive_int, default=128, metavar="N",
@@ -114,7 +115,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.workload == "speculative":
         results = _bench_speculative(model, args)
     elif args.workload == "batching":
-        results = bench.bench_batching(model, 200 if args.requests is None else args.requests, 16 if args.max_num_seqs is None else args.max_num_seqs,
+        results = bench.bench_batching(model, 200 if args.requests is None else args.requests, DEFAULTS.max_num_seqs if args.max_num_seqs is None else args.max_num_seqs,
                                        seed=args.seed)
         print(bench.batching_table(results))
     else:
@@ -350,11 +351,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _use_threads(args: argparse.Namespace) -> None:
     """Apply --threads (or the default rule) before any model runs; torch's pool only when the
     command will use torch, so that the NumPy path never imports it."""
-    if not hasattr(args, "threads"):
+    given = vars(args)  # each subcommand has its own options
+    if "threads" not in given:
         return
-    if (getattr(args, "runner", None) == "torch" or getattr(args, "preset", None)
-            or getattr(args, "peer", None) or getattr(args, "tensor_parallel", 1) > 1
-            or getattr(args, "calibrate", None) == ""):
+    if (given.get("runner") == "torch" or given.get("preset") or given.get("peer")
+            or given.get("tensor_parallel", 1) > 1 or given.get("calibrate") == ""):
         import torch  # noqa: F401  (so that threads.use sets its pool as well)
     threads.use(args.threads)
 

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from tinyinfer.engine_config import DEFAULTS
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the `serve` command on the top-level parser's subparsers."""
@@ -21,7 +23,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="TCP port")
     parser.add_argument("--served-model-name", default=None,
                         help="the name clients pass as `model` (default: the model's name)")
-    parser.add_argument("--max-num-seqs", type=int, default=16,
+    parser.add_argument("--max-num-seqs", type=int, default=DEFAULTS.max_num_seqs,
                         help="sequences decoded together in one batch")
     parser.add_argument("--max-queue", type=int, default=64,
                         help="sequences allowed to wait beyond the batch before 429")

@@ -13,7 +13,7 @@ import numpy as np
 
 from tinyinfer.config import ModelConfig, rope_inverse_frequencies
 from tinyinfer.errors import TinyInferError
-from tinyinfer.model.runner import Batch
+from tinyinfer.model.runner import Batch, RankTiming, RunnerInfo, TopLogits, top_logits
 from tinyinfer.quant import QuantizedWeight, dequantize, dequantize_kv, quantize_kv
 
 
@@ -163,10 +163,17 @@ class NumpyRunner:
         # weights [H, N] of its last query row.
         self.capture_attention = False
         self.last_attention: list[list[np.ndarray]] = []
+        self.last_timings: tuple[RankTiming, ...] = ()  # one process
         self.w = {name: value if isinstance(value, QuantizedWeight) else np.asarray(value, dtype=self.dtype)
                   for name, value in weights.items()}
         if config.uses_rope:
             self.inv_freq = np.asarray(rope_inverse_frequencies(config), dtype=np.float64)
+
+    @property
+    def info(self) -> RunnerInfo:
+        return RunnerInfo(name=self.name, dtype=self.dtype.name, device="cpu",
+                          itemsize=1 if self.kv_int8 else self.dtype.itemsize,  # int8: scales not counted
+                          weight_bytes=sum(w.nbytes for w in self.w.values()))
 
     def new_kv_cache(self, num_pages: int, block_size: int) -> NumpyKVCache:
         c = self.config
@@ -209,6 +216,10 @@ class NumpyRunner:
         x = self.norm("final_norm", x[batch.logits_rows])
         head = w.get("lm_head", w["embed"])  # tied embeddings reuse the input table
         return linear(x, head).astype(np.float32)  # [R, V]
+
+    def forward_top(self, batch: Batch, kv_cache: NumpyKVCache, k: int) -> TopLogits:
+        """The full forward pass, then each row's top k on the host (nothing to save here)."""
+        return top_logits(self.forward(batch, kv_cache), k)
 
     def norm(self, name: str, x: np.ndarray) -> np.ndarray:
         if self.config.family == "gpt2":

@@ -1,4 +1,7 @@
-"""What every model runner takes and returns: one mixed batch per step.
+"""The runner contract: what every model runner takes and returns, one mixed batch per step.
+
+``ModelRunner`` declares all the engine, benchmarks and TUI may call; ``RunnerInfo`` says what
+a runner is (dtype, device, bytes per K/V value, tensor-parallel ranks).
 
 A step may hold several sequences at once, some prefilling a chunk of their prompt and some
 decoding one token. All their new tokens are packed into one flat list; ``query_starts``
@@ -10,11 +13,12 @@ over its whole context, gathered through its block table.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from tinyinfer.config import ModelConfig
+from tinyinfer.sampling import top_and_logsumexp
 
 
 @dataclass(frozen=True)
@@ -84,15 +88,82 @@ class TopLogits:
     """
 
     ids: np.ndarray  # [R, k] int64, most likely first
-    values: np.ndarray  # [R, k] float32 raw logits
-    logsumexp: np.ndarray  # [R] float32
+    values: np.ndarray  # [R, k] raw logits (float32 from a device, float64 from top_logits)
+    logsumexp: np.ndarray  # [R], as values
 
 
+@dataclass(frozen=True)
+class RankShare:
+    """What one tensor-parallel rank owns, as [start, stop) ranges of the whole model's units.
+
+    Every rank holds every KV page, but only its KV heads' slice of it.
+    """
+
+    rank: int
+    heads: tuple[int, int]  # query heads
+    kv_heads: tuple[int, int]  # KV heads: this slice of every page lives on this rank
+    mlp_units: tuple[int, int]  # intermediate units of gate/up (GPT-2: fc) and down (proj)
+    vocab_rows: tuple[int, int]  # rows of the embedding and the LM head
+
+
+@dataclass(frozen=True)
+class RankTiming:
+    """One rank's share of the last step: seconds computing, in all-reduces, gathering logits.
+
+    ``forward_s`` is the forward pass alone, all-reduces included, as the device saw it (on a
+    GPU from its first kernel to its last, by CUDA events): next to the step's wall time it
+    shows how long the device waited for the host, and ``forward_s - all_reduce_s`` across
+    ranks shows whether one rank's kernels are slower than the others'.
+    """
+
+    rank: int
+    compute_s: float
+    all_reduce_s: float
+    gather_s: float
+    num_all_reduces: int
+    forward_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    """What a runner is, for sizing the KV pool, benchmarks and displays."""
+
+    name: str  # "numpy" or "torch"
+    dtype: str  # compute and K/V dtype: "float32", "bfloat16", ...
+    device: str  # "cpu", "cuda:0", ...
+    itemsize: int  # bytes of one K or V value in the cache (int8 K/V: 1)
+    weight_bytes: int  # weights one decode step streams (tensor parallelism: rank 0's shard)
+    tensor_parallel: int = 1  # ranks the model is split over
+    rank_shares: tuple[RankShare, ...] = ()  # who owns which heads (one rank: empty)
+
+
+def top_logits(logits: np.ndarray, k: int) -> TopLogits:
+    """Reduce logits [R, V] to TopLogits on the host, by the same rule as greedy sampling:
+    ``forward_top`` for a runner that has no faster way."""
+    rows = [top_and_logsumexp(row, k) for row in logits]
+    return TopLogits(ids=np.array([ids for ids, _, _ in rows], dtype=np.int64).reshape(len(rows), -1),
+                     values=np.array([values for _, values, _ in rows]).reshape(len(rows), -1),
+                     logsumexp=np.array([lse for _, _, lse in rows]))
+
+
+@runtime_checkable
 class ModelRunner(Protocol):
-    """The interface both runners implement; the engine only ever talks to this."""
+    """Everything the engine, benchmarks and the TUI may ask of a runner; every runner implements
+    all of it (tests/test_runner_contract.py checks)."""
 
     config: ModelConfig
     name: str  # "numpy" or "torch"
+    # Attention capture: set ``capture_attention`` and the next ``forward`` leaves, per sequence
+    # of its batch and per layer, the last query row's attention weights [H, N] in
+    # ``last_attention``. Only the reference runner computes them; the others leave it empty.
+    capture_attention: bool
+    last_attention: Sequence[list[np.ndarray]]
+    # Per rank, how the last forward step spent its time (tensor parallelism; one process: empty).
+    last_timings: tuple[RankTiming, ...]
+
+    @property
+    def info(self) -> RunnerInfo:
+        """Name, dtype, device, bytes per K/V value, weight bytes, tensor-parallel ranks."""
 
     def new_kv_cache(self, num_pages: int, block_size: int) -> Any:
         """Allocate K/V storage for ``num_pages`` pages of ``block_size`` tokens each."""
@@ -100,8 +171,9 @@ class ModelRunner(Protocol):
     def forward(self, batch: Batch, kv_cache: Any) -> np.ndarray:
         """Run one batch; write its K/V into ``kv_cache``; return float32 logits [R, vocab]."""
 
+    def forward_top(self, batch: Batch, kv_cache: Any, k: int) -> TopLogits:
+        """The same forward pass, with logits reduced to their top k per row (on the device when
+        the runner can). The engine uses it when every row is plain greedy."""
+
     def copy_page(self, kv_cache: Any, src: int, dst: int) -> None:
         """Copy one page's K/V (all layers), for sequences forked from a shared prefix."""
-
-    # Optional: ``forward_top(batch, kv_cache, k) -> TopLogits`` — the same forward pass, with
-    # logits reduced to their top k per row. The engine uses it when every row is plain greedy.

@@ -29,7 +29,7 @@ from tinyinfer.config import ModelConfig, rope_inverse_frequencies
 from tinyinfer.display import progress
 from tinyinfer.errors import TinyInferError
 from tinyinfer.model import torch_layers as layers
-from tinyinfer.model.runner import Batch, TopLogits
+from tinyinfer.model.runner import Batch, RankTiming, RunnerInfo, TopLogits
 from tinyinfer.model.torch_graphs import DecodeGraphs
 from tinyinfer.model.torch_weights import DeviceWeights, pick_device, pick_dtype
 
@@ -80,6 +80,11 @@ class TorchRunner:
     """Fast runner: fp32 / fp16 / bf16 on CPU or CUDA, same outputs as the reference."""
 
     name = "torch"
+    # The contract's attention capture: the fused kernels keep no attention weights, so
+    # ``last_attention`` stays empty whatever ``capture_attention`` says.
+    capture_attention = False
+    last_attention: tuple[list[np.ndarray], ...] = ()
+    last_timings: tuple[RankTiming, ...] = ()  # one process
 
     def __init__(self, config: ModelConfig, weights: Mapping[str, np.ndarray | Tensor],
                  device: str | None = None, dtype: str | None = None,
@@ -142,6 +147,12 @@ class TorchRunner:
         }
 
     # ------------------------------------------------------------------ protocol
+
+    @property
+    def info(self) -> RunnerInfo:
+        return RunnerInfo(name=self.name, dtype=str(self.dtype).removeprefix("torch."),
+                          device=str(self.device), itemsize=self.dtype.itemsize,
+                          weight_bytes=self.w.streamed_bytes())
 
     def new_kv_cache(self, num_pages: int, block_size: int) -> TorchKVCache:
         """K/V pages on the device, plus one scratch page."""

@@ -18,19 +18,19 @@ from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
 from tinyinfer import SamplingParams
+from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import TinyInferError
 from tinyinfer.trace import StepTrace
-
 from tui.frames import Frame, SeqView
 from tui.narration import Narration, narrate, precision_switched
 from tui.options import Options
 from tui.panels import PANELS
 from tui.panels.narration import NarrationPanel
 from tui.panels.quantization import QuantReport, next_precision, report_of
+from tui.scenarios import SUGGESTIONS
 from tui.screens.help import HelpScreen
 from tui.screens.prompt import PromptScreen
 from tui.screens.sampling import SamplingScreen
-from tui.scenarios import SUGGESTIONS
 from tui.session import DEFAULT_SAMPLING, Session
 from tui.statusbar import StatusBar
 
@@ -173,7 +173,7 @@ class RunScreen(Screen):
         frame = session.frame
         self.frame = frame
         scenario = session.scenario
-        block_size = frame.pool.block_size if frame.pool else 16
+        block_size = frame.pool.block_size if frame.pool else DEFAULTS.block_size
         self.narration = narrate(frame, scenario.intro if scenario else "", block_size)
         where = "live" if session.at_end and session.is_live else (
             "end of recording" if session.at_end else "replaying recorded steps")

@@ -26,10 +26,9 @@ from torch import Tensor
 
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
-from tinyinfer.model.runner import Batch, TopLogits
+from tinyinfer.model.runner import Batch, RankTiming, RunnerInfo, TopLogits
 from tinyinfer.model.torch_fast import TorchKVCache
-from tinyinfer.model.tp.shard import RankTiming, ShardRunner, rank_shares
-from tinyinfer.trace import RankShare
+from tinyinfer.model.tp.shard import ShardRunner
 
 
 @dataclass(frozen=True)
@@ -95,6 +94,8 @@ class TensorParallelRunner:
     on_close: Callable[[], None]  # stops the workers and tears the process groups down
     name: str = "torch"
     last_timings: tuple[RankTiming, ...] = ()  # per rank, the last forward step
+    capture_attention: bool = False  # the shards keep no attention weights: last_attention stays empty
+    last_attention: list[list[np.ndarray]] = field(default_factory=list)
     _kv_ids: Any = field(default_factory=itertools.count, repr=False)
     _dropped: deque[int] = field(default_factory=deque, repr=False)
     _live: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary, repr=False)
@@ -106,25 +107,13 @@ class TensorParallelRunner:
         return self.shard.full_config
 
     @property
-    def tensor_parallel(self) -> int:
-        return self.shard.world
-
-    @property
-    def rank_shares(self) -> tuple[RankShare, ...]:
-        """Which heads, KV heads, MLP units and vocabulary rows each rank owns."""
-        return rank_shares(self.config, self.tensor_parallel)
-
-    @property
-    def device(self) -> torch.device:
-        return self.shard.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.shard.dtype
+    def info(self) -> RunnerInfo:
+        """Rank 0's shard's: its dtype, device and weights, and every rank's share."""
+        return self.shard.info
 
     def describe(self) -> dict[str, Any]:
         """The shard runner's choices, plus how many ranks share the model."""
-        return {**self.shard.describe(), "tensor_parallel": self.tensor_parallel,
+        return {**self.shard.describe(), "tensor_parallel": self.shard.world,
                 "time_collectives": self.shard.clock.enabled}
 
     # ------------------------------------------------------------------ protocol

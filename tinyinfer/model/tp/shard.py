@@ -42,10 +42,9 @@ from torch import Tensor
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
 from tinyinfer.model import torch_layers as layers
-from tinyinfer.model.runner import Batch, TopLogits
+from tinyinfer.model.runner import Batch, RankShare, RankTiming, RunnerInfo, TopLogits
 from tinyinfer.model.torch_fast import TorchKVCache, TorchRunner, _Step
 from tinyinfer.model.torch_weights import random_weights
-from tinyinfer.trace import RankShare
 from tinyinfer.weights import Bf16Array
 
 WeightArray = np.ndarray | Bf16Array | Tensor
@@ -204,24 +203,6 @@ def mlp_after_attention(x: Tensor, attn_out: Tensor, norm_w: Tensor, norm_b: Ten
     return x, layers.linear(h, out_w, out_b)
 
 
-@dataclass(frozen=True)
-class RankTiming:
-    """One rank's share of the last step: seconds computing, in all-reduces, gathering logits.
-
-    ``forward_s`` is the forward pass alone, all-reduces included, as the device saw it (on a
-    GPU from its first kernel to its last, by CUDA events): next to the step's wall time it
-    shows how long the device waited for the host, and ``forward_s - all_reduce_s`` across
-    ranks shows whether one rank's kernels are slower than the others'.
-    """
-
-    rank: int
-    compute_s: float
-    all_reduce_s: float
-    gather_s: float
-    num_all_reduces: int
-    forward_s: float = 0.0
-
-
 class _CommClock:
     """Times collectives: CUDA events on a GPU (no extra synchronisation), perf_counter on CPU.
 
@@ -322,6 +303,12 @@ class ShardRunner(TorchRunner):
         self.clock = _CommClock(self.device, time_collectives)
         self._eager = (layers.attention_input, mlp_after_attention, layers.final_logits)
         self._decode_fns = tuple(torch.compile(f) for f in self._eager) if self.compile else self._eager
+
+    @property
+    def info(self) -> RunnerInfo:
+        """TorchRunner's, plus how the whole model is split over the ranks."""
+        return dataclasses.replace(super().info, tensor_parallel=self.world,
+                                   rank_shares=rank_shares(self.full_config, self.world))
 
     def _device_logits(self, batch: Batch, kv: TorchKVCache) -> Tensor:
         """TorchRunner's step; a replayed graph's collectives are timed by the spans it captured."""

@@ -1,0 +1,126 @@
+"""The runner contract: every runner implements all of ModelRunner, and nothing probes for parts of it."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tinyinfer
+from tinyinfer.model.numpy_ref import NumpyRunner
+from tinyinfer.model.runner import ModelRunner, RunnerInfo, make_batch
+from tinyinfer.model.torch_fast import TorchRunner
+from tinyinfer.model.tp.runner import TensorParallelRunner
+from tinyinfer.model.tp.shard import ShardRunner
+from tinyinfer.weights import load_weights
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def protocol_members() -> set[str]:
+    """Every name ModelRunner declares: annotated attributes, properties and methods."""
+    declared = set(ModelRunner.__annotations__)
+    declared |= {name for name, value in vars(ModelRunner).items()
+                 if not name.startswith("_") and (inspect.isfunction(value) or isinstance(value, property))}
+    return declared
+
+
+def test_the_protocol_declares_what_the_engine_uses():
+    assert protocol_members() == {"config", "name", "capture_attention", "last_attention", "last_timings",
+                                  "info", "new_kv_cache", "forward", "forward_top", "copy_page"}
+
+
+@pytest.fixture(scope="module")
+def runners(oracle_model):
+    """One of each runner over the same weights (the tensor-parallel one with a single rank)."""
+    folder, _ = oracle_model("llama-gqa-untied")
+    model = tinyinfer.load(folder)
+    weights = load_weights(folder, model.config)
+    shard = ShardRunner(model.config, weights, rank=0, world=1, device="cpu", dtype="float32")
+    return model.config, {
+        "numpy": model.runner,
+        "torch": TorchRunner(model.config, weights, device="cpu", dtype="float32"),
+        "shard": shard,
+        "tensor parallel": TensorParallelRunner(shard, conns=[], workers_alive=lambda: True,
+                                                on_close=lambda: None),
+    }
+
+
+def test_every_runner_implements_every_member(runners):
+    _, by_name = runners
+    classes = {type(r) for r in by_name.values()}
+    assert classes == {NumpyRunner, TorchRunner, ShardRunner, TensorParallelRunner}
+    for name, runner in by_name.items():
+        assert isinstance(runner, ModelRunner), name
+        for member in protocol_members():
+            assert hasattr(runner, member), f"{name} runner lacks {member}"
+        assert isinstance(runner.info, RunnerInfo)
+        assert runner.info.itemsize == 4 and runner.info.dtype == "float32" and runner.info.device == "cpu"
+        assert runner.info.weight_bytes > 0
+        if name != "tensor parallel":
+            assert runner.last_timings == ()  # one process: no ranks to time
+
+
+def test_forward_top_agrees_with_forward_on_every_runner(runners):
+    config, by_name = runners
+    prompt = list(range(3, 40, 3))
+    for name, runner in by_name.items():
+        kv = runner.new_kv_cache(4, 4)
+        batch = make_batch([(prompt, 0, [0, 1, 2, 3], True)], 4)
+        logits = runner.forward(batch, kv).astype(np.float64)
+        top = runner.forward_top(batch, runner.new_kv_cache(4, 4), 5)
+        assert top.ids.shape == (len(prompt), 5), name
+        assert (top.ids == np.argsort(-logits, axis=-1, kind="stable")[:, :5]).all(), name
+        np.testing.assert_allclose(top.values, np.take_along_axis(logits, top.ids, -1), rtol=1e-5, err_msg=name)
+        m = logits.max(-1)
+        np.testing.assert_allclose(top.logsumexp, m + np.log(np.exp(logits - m[:, None]).sum(-1)),
+                                   rtol=1e-5, err_msg=name)
+    assert by_name["tensor parallel"].info.tensor_parallel == 1
+    assert len(by_name["tensor parallel"].info.rank_shares) == 1
+    assert by_name["tensor parallel"].last_timings[0].rank == 0  # filled by the forward above
+
+
+PROBE = re.compile(r"(getattr|hasattr)\(.*runner")
+
+
+def test_nothing_probes_a_runner_for_optional_parts():
+    probes = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+              for folder in ("tinyinfer", "tui", "lessons") for path in sorted((ROOT / folder).rglob("*.py"))
+              for n, line in enumerate(path.read_text("utf-8").splitlines(), 1) if PROBE.search(line)]
+    assert probes == []
+    assert PROBE.search('size = getattr(model.runner, "dtype", None)')  # the pattern does catch one
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text("utf-8"))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+def test_speculative_policy_imports_no_runner():
+    imports = imported_modules(ROOT / "tinyinfer" / "speculative.py")
+    assert "tinyinfer.sampling" in imports  # the parse sees its imports
+    assert not [m for m in imports if m == "tinyinfer.model" or m.startswith("tinyinfer.model.")]
+
+
+def test_runners_do_not_import_the_trace():
+    for path in sorted((ROOT / "tinyinfer" / "model").rglob("*.py")):
+        assert "tinyinfer.trace" not in imported_modules(path), path.name
+
+
+def test_model_tokenizer_is_public_and_explains_its_absence(oracle_model):
+    folder, _ = oracle_model("llama-gqa-untied")
+    model = tinyinfer.load(folder)
+    assert not model.has_tokenizer
+    with pytest.raises(tinyinfer.TokenizerError, match="no usable tokenizer"):
+        model.tokenizer

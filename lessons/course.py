@@ -155,7 +155,7 @@ def check(lesson: Lesson, path: Path) -> Report:
 
 def run_experiment(lesson: Lesson, path: Path, quick: bool, model: str, threads: int | None = None) -> None:
     """Run a lesson's experiment with the implementation at ``path`` plugged into the engine."""
-    from tinyinfer.model import threads as cpu_threads
+    from tinyinfer.runners import threads as cpu_threads
 
     experiment = load_module(lesson.file("experiment.py"), module_name(lesson, "experiment"))
     cpu_threads.use(threads)  # after the import: torch's pool too, for experiments that use it

@@ -16,8 +16,8 @@ import tinyinfer
 from tinyinfer.config import config_from_dict
 from tinyinfer.display.progress import track  # noqa: F401  (experiments count their loops with it)
 from tinyinfer.display.tables import table  # noqa: F401  (experiments print their results with it)
-from tinyinfer.loading import BUNDLED, Model
-from tinyinfer.model.numpy_ref import NumpyRunner
+from tinyinfer.model import BUNDLED, Model
+from tinyinfer.runners.numpy_ref import NumpyRunner
 
 DATA = Path(__file__).parent / "data"
 

@@ -24,7 +24,7 @@ import torch
 
 from tinyinfer.bench import shapes as bs
 from tinyinfer.bench import workloads as bench
-from tinyinfer.loading import load
+from tinyinfer.model import load
 from tinyinfer.speculative import DraftModelDrafter, PromptLookupDrafter
 
 SECTIONS = ("latency", "throughput", "batching", "speculative")

@@ -31,11 +31,11 @@ import torch
 
 from tinyinfer.config import ModelConfig, config_from_dict
 from tinyinfer.engine import Engine
-from tinyinfer.loading import Model
-from tinyinfer.model.numpy_ref import NumpyRunner
-from tinyinfer.model.runner import make_batch
-from tinyinfer.model.torch_fast import TorchRunner
-from tinyinfer.model.torch_weights import random_weights
+from tinyinfer.model import Model
+from tinyinfer.runners.numpy_ref import NumpyRunner
+from tinyinfer.runners.runner import make_batch
+from tinyinfer.runners.torch_fast import TorchRunner
+from tinyinfer.runners.torch_weights import random_weights
 from tinyinfer.sampling import SamplingParams
 
 BLOCK = 16
@@ -183,7 +183,7 @@ def check_fp32_greedy(device: torch.device) -> dict[str, Any]:
                    TorchRunner(config, weights, device=str(device), dtype="float32", compile=False))
         for runner in runners:
             engine = Engine(Model(config=config, runner=runner, path=Path("."), name=name),
-                            block_size=BLOCK, max_num_batched_tokens=64)
+                            page_size=BLOCK, max_num_batched_tokens=64)
             tokens.append([c.token_ids for c in engine.generate(prompts, params)])
         same = tokens[0] == tokens[1]
         out[name] = {"runner": runners[1].describe(), "identical": same,
@@ -226,7 +226,7 @@ def check_decode_kernel(device: torch.device) -> dict[str, Any]:
     """Triton paged decode vs the gather version on long contexts, bf16, fresh random data."""
     if device.type != "cuda":
         return {"skipped": "no CUDA device"}
-    from tinyinfer.model import torch_layers, torch_triton
+    from tinyinfer.runners import torch_layers, torch_triton
 
     out = {}
     gen = torch.Generator(device=device).manual_seed(7)
@@ -395,7 +395,7 @@ def matrix_product_microbench(runner: TorchRunner, device: torch.device) -> dict
 def attention_microbench(config: ModelConfig, device: torch.device,
                          contexts: tuple[int, ...]) -> dict[str, Any]:
     """Decode attention at batch 1, one call per layer's cache: Triton (auto / 1 split), torch."""
-    from tinyinfer.model import torch_layers, torch_triton
+    from tinyinfer.runners import torch_layers, torch_triton
 
     heads, kv_heads, hd, layers = (config.num_heads, config.num_kv_heads, config.head_dim,
                                    config.num_layers)

@@ -31,17 +31,34 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_check import (BENCH_CONFIGS, BLOCK, CHECK_CONFIGS, SMOKE_BENCH, check_schedule,  # noqa: E402
-                       copy_bandwidth, environment, graph_us_per_call, log, median_ms, numpy_weights,
-                       relative_error, run_schedule)
+from gpu_check import (  # noqa: E402
+    BENCH_CONFIGS,
+    BLOCK,
+    CHECK_CONFIGS,
+    SMOKE_BENCH,
+    check_schedule,
+    copy_bandwidth,
+    environment,
+    graph_us_per_call,
+    log,
+    median_ms,
+    numpy_weights,
+    relative_error,
+    run_schedule,
+)
 
 from tinyinfer.config import ModelConfig, config_from_dict  # noqa: E402
-from tinyinfer.model import torch_layers as layers  # noqa: E402
-from tinyinfer.model.numpy_ref import NumpyRunner  # noqa: E402
-from tinyinfer.model.runner import make_batch  # noqa: E402
-from tinyinfer.model.torch_fast import TorchRunner  # noqa: E402
-from tinyinfer.model.torch_weights import random_weights  # noqa: E402
-from tinyinfer.quant import QuantConfig, QuantizedWeight, is_quantized_name, quantize_weights  # noqa: E402
+from tinyinfer.quant import (  # noqa: E402
+    QuantConfig,
+    QuantizedWeight,
+    is_quantized_name,
+    quantize_weights,
+)
+from tinyinfer.runners import torch_layers as layers  # noqa: E402
+from tinyinfer.runners.numpy_ref import NumpyRunner  # noqa: E402
+from tinyinfer.runners.runner import make_batch  # noqa: E402
+from tinyinfer.runners.torch_fast import TorchRunner  # noqa: E402
+from tinyinfer.runners.torch_weights import random_weights  # noqa: E402
 
 FORMATS = ("bf16", "int4-g128", "int8")
 

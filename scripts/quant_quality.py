@@ -32,9 +32,14 @@ from bundled_eval import TextScore  # noqa: E402
 
 import tinyinfer  # noqa: E402
 import tinyinfer.config  # noqa: E402
-import tinyinfer.loading  # noqa: E402
-from tinyinfer.model.numpy_ref import NumpyRunner  # noqa: E402
-from tinyinfer.quant import QuantConfig, is_quantized_name, quantize_weights, save_quantized  # noqa: E402
+import tinyinfer.model  # noqa: E402
+from tinyinfer.quant import (  # noqa: E402
+    QuantConfig,
+    is_quantized_name,
+    quantize_weights,
+    save_quantized,
+)
+from tinyinfer.runners.numpy_ref import NumpyRunner  # noqa: E402
 from tinyinfer.weights import load_weights  # noqa: E402
 
 WEIGHT_FORMATS = ("int8", "int4-g32", "int4-g64", "int4-g128", "int4-g32-asym", "int4-g128-asym")
@@ -99,7 +104,7 @@ def format_bytes(source: str, fmt: str, folder: Path) -> tuple[int, int]:
     fp32 and bf16 checkpoints hold every tensor in that dtype; quantized ones keep their
     floats (embeddings, norms) in bf16, the bundled model's dtype.
     """
-    path, _ = tinyinfer.loading.resolve_source(source)
+    path, _ = tinyinfer.model.resolve_source(source)
     config = tinyinfer.config.load_config(path)
     weights = load_weights(path, config)
     if fmt in ("fp32", "bf16"):

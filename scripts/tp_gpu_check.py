@@ -38,7 +38,7 @@ import torch.multiprocessing as mp
 
 import tinyinfer
 from tinyinfer.bench import shapes as bs
-from tinyinfer.model.tp.launch import free_port
+from tinyinfer.runners.tp.launch import free_port
 
 GREEDY = tinyinfer.SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
 ALL_REDUCE_BYTES = (2 << 10, 8 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)

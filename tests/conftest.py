@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tinyinfer.model import threads
+from tinyinfer.runners import threads
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Test models are tiny, and the suite runs several engines in one process on shared cores: one

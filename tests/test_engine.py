@@ -42,7 +42,7 @@ def test_batched_equals_alone_with_chunked_prefill_and_preemption(model):
               for n in np.random.default_rng(1).integers(4, 24, len(prompts))]
     alone = [tinyinfer.Engine(model).generate([p], sp)[0].token_ids for p, sp in zip(prompts, params)]
     # A tiny pool and token budget force chunked prefill and preemption mid-decode.
-    engine = tinyinfer.Engine(model, num_pages=24, block_size=4, max_num_batched_tokens=40)
+    engine = tinyinfer.Engine(model, num_pages=24, page_size=4, max_num_batched_tokens=40)
     together, traces = run_all(engine, prompts, params)
     assert together == alone
     chunked = [s for t in traces for s in t.seqs if s.kind == "prefill" and s.start > s.cached_tokens]
@@ -68,7 +68,7 @@ def test_requests_join_between_steps(model):
 
 def test_prefix_cache_reuses_full_pages_of_a_shared_system_prompt(model):
     system = list(range(10, 50))  # 40 tokens: two full pages of 16, plus 8
-    engine = tinyinfer.Engine(model, block_size=16)
+    engine = tinyinfer.Engine(model, page_size=16)
     engine.generate([system + [7, 8, 9]], GREEDY)
     rid = engine.add_request(system + [60, 61], GREEDY)
     first = engine.step()
@@ -84,7 +84,7 @@ def test_prefix_cache_reuses_full_pages_of_a_shared_system_prompt(model):
 
 
 def test_abort_frees_pages_and_keeps_others_running(model):
-    engine = tinyinfer.Engine(model, block_size=4)
+    engine = tinyinfer.Engine(model, page_size=4)
     keep = engine.add_request(mixed_prompts(1, seed=5)[0], GREEDY)
     drop = engine.add_request(list(range(30)), tinyinfer.SamplingParams(max_tokens=50))
     engine.step()
@@ -112,7 +112,7 @@ def test_static_batching_waits_for_the_longest_member(model):
 
 
 def test_contiguous_allocation_reserves_a_whole_context(model):
-    engine = tinyinfer.Engine(model, kv_allocation="contiguous", block_size=16, num_pages=64)
+    engine = tinyinfer.Engine(model, kv_allocation="contiguous", page_size=16, num_pages=64)
     engine.add_request([1, 2, 3], GREEDY)
     trace = engine.step()
     assert len(trace.pages_allocated) == model.config.max_model_len // 16
@@ -129,7 +129,7 @@ def test_same_seed_gives_same_tokens_alone_or_batched(model):
 
 
 def test_trace_round_trips_through_json(model):
-    engine = tinyinfer.Engine(model, block_size=4)
+    engine = tinyinfer.Engine(model, page_size=4)
     engine.add_request([1, 2, 3, 4, 5], GREEDY)
     traces = [engine.step() for _ in range(3)]
     for trace in traces:

@@ -17,8 +17,8 @@ import pytest
 
 import tinyinfer
 from tinyinfer.config import ModelConfig, load_config
-from tinyinfer.loading import BUNDLED, Model
-from tinyinfer.model.runner import Batch, RunnerInfo, TopLogits
+from tinyinfer.model import BUNDLED, Model
+from tinyinfer.runners.runner import Batch, RunnerInfo, TopLogits
 from tinyinfer.tokenizer import load_tokenizer
 
 
@@ -38,7 +38,7 @@ class InstantRunner:
     def info(self) -> RunnerInfo:
         return RunnerInfo(name=self.name, dtype="float32", device="cpu", itemsize=4, weight_bytes=0)
 
-    def new_kv_cache(self, num_pages: int, block_size: int) -> None:
+    def new_kv_cache(self, num_pages: int, page_size: int) -> None:
         return None
 
     def copy_page(self, kv_cache: None, src: int, dst: int) -> None:

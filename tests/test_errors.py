@@ -33,7 +33,7 @@ def folder(oracle_model, tmp_path):
 @pytest.fixture
 def engine(oracle_model):
     src, _ = oracle_model("llama-gqa-untied")
-    return tinyinfer.Engine(tinyinfer.load(src), num_pages=10, block_size=16)
+    return tinyinfer.Engine(tinyinfer.load(src), num_pages=10, page_size=16)
 
 
 def test_empty_prompts(engine):

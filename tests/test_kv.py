@@ -21,33 +21,33 @@ def run_prompt(pool: PagePool, seq_id: int, tokens: list[int]) -> int:
 # ---- construction and plain allocation ---------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs", [{"num_pages": 0}, {"num_pages": 4, "block_size": 0}])
+@pytest.mark.parametrize("kwargs", [{"num_pages": 0}, {"num_pages": 4, "page_size": 0}])
 def test_bad_constructor_args_raise(kwargs):
     with pytest.raises(TinyInferError):
         PagePool(**kwargs)
 
 
 def test_fresh_pool_is_all_free():
-    pool = PagePool(num_pages=5, block_size=4)
+    pool = PagePool(num_pages=5, page_size=4)
     pool.check()
     assert (pool.num_free_pages, pool.num_used_pages, pool.num_cached_pages) == (5, 0, 0)
 
 
 def test_ensure_capacity_allocates_only_missing_pages():
-    pool = PagePool(num_pages=8, block_size=4)
+    pool = PagePool(num_pages=8, page_size=4)
     assert pool.add_sequence(1, [1, 2, 3]) == 0
     assert pool.pages_needed(1, 9) == 3
     assert pool.ensure_capacity(1, 9) == [0, 1, 2]
     assert pool.ensure_capacity(1, 12) == []
     assert pool.pages_needed(1, 12) == 0
     assert pool.ensure_capacity(1, 13) == [3]
-    assert pool.block_table(1) == [0, 1, 2, 3]
+    assert pool.page_table(1) == [0, 1, 2, 3]
     assert pool.num_used_pages == 4 and pool.num_free_pages == 4
     pool.check()
 
 
 def test_slot_maps_positions_through_the_block_table():
-    pool = PagePool(num_pages=8, block_size=4)
+    pool = PagePool(num_pages=8, page_size=4)
     pool.add_sequence(7, [5])
     pool.add_sequence(8, [5])
     pool.ensure_capacity(7, 4)  # page 0
@@ -62,7 +62,7 @@ def test_slot_maps_positions_through_the_block_table():
 
 
 def test_out_of_pages_changes_nothing():
-    pool = PagePool(num_pages=3, block_size=4)
+    pool = PagePool(num_pages=3, page_size=4)
     run_prompt(pool, 1, [1, 2, 3, 4, 5])  # pages 0, 1; page 0 full and cached
     pool.add_sequence(2, [9])
     before = pool.snapshot()
@@ -70,13 +70,13 @@ def test_out_of_pages_changes_nothing():
     with pytest.raises(OutOfPagesError, match="more pages"):
         pool.ensure_capacity(2, 9)
     assert pool.snapshot() == before
-    assert pool.block_table(2) == []
+    assert pool.page_table(2) == []
     pool.check()
 
 
 def test_unknown_and_duplicate_sequences_raise():
-    pool = PagePool(num_pages=4, block_size=4)
-    for call in (lambda: pool.free(3), lambda: pool.block_table(3), lambda: pool.ensure_capacity(3, 1)):
+    pool = PagePool(num_pages=4, page_size=4)
+    for call in (lambda: pool.free(3), lambda: pool.page_table(3), lambda: pool.ensure_capacity(3, 1)):
         with pytest.raises(TinyInferError, match="not in the page pool"):
             call()
     pool.add_sequence(3, [1])
@@ -87,7 +87,7 @@ def test_unknown_and_duplicate_sequences_raise():
 
 
 def test_commit_needs_capacity_and_cannot_shrink():
-    pool = PagePool(num_pages=4, block_size=4)
+    pool = PagePool(num_pages=4, page_size=4)
     pool.add_sequence(1, [1, 2, 3, 4, 5])
     with pytest.raises(TinyInferError, match="ensure_capacity"):
         pool.commit(1, [1, 2, 3, 4, 5])
@@ -99,7 +99,7 @@ def test_commit_needs_capacity_and_cannot_shrink():
 
 
 def test_free_returns_pages_and_empties_the_pool():
-    pool = PagePool(num_pages=4, block_size=4, enable_prefix_caching=False)
+    pool = PagePool(num_pages=4, page_size=4, enable_prefix_caching=False)
     run_prompt(pool, 1, list(range(10)))
     assert pool.free(1) == [2, 1, 0]
     assert pool.num_used_pages == 0 and pool.num_cached_pages == 0
@@ -111,7 +111,7 @@ def test_free_returns_pages_and_empties_the_pool():
 
 def test_commit_of_a_prefix_by_length_equals_commit_of_a_copy():
     tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9]
-    pools = [PagePool(num_pages=4, block_size=4) for _ in range(2)]
+    pools = [PagePool(num_pages=4, page_size=4) for _ in range(2)]
     for pool in pools:
         pool.add_sequence(1, tokens[:3])
         pool.ensure_capacity(1, 9)
@@ -121,7 +121,7 @@ def test_commit_of_a_prefix_by_length_equals_commit_of_a_copy():
 
 
 def test_commit_registers_only_full_pages():
-    pool = PagePool(num_pages=4, block_size=4)
+    pool = PagePool(num_pages=4, page_size=4)
     pool.add_sequence(1, [1, 2, 3])
     pool.ensure_capacity(1, 6)
     assert pool.commit(1, [1, 2, 3]) == []
@@ -132,11 +132,11 @@ def test_commit_registers_only_full_pages():
 
 
 def test_prefix_hit_shares_full_pages_and_counts_tokens():
-    pool = PagePool(num_pages=8, block_size=4)
+    pool = PagePool(num_pages=8, page_size=4)
     run_prompt(pool, 1, list(range(10)))  # pages 0, 1 full and cached; page 2 partial
     cached = pool.add_sequence(2, list(range(9)) + [99])
     assert cached == 8
-    assert pool.block_table(2) == [0, 1]
+    assert pool.page_table(2) == [0, 1]
     assert pool.num_tokens(2) == 8
     assert [p.ref_count for p in pool.snapshot().pages[:3]] == [2, 2, 1]
     assert pool.snapshot().pages[0].owners == (1, 2)
@@ -145,7 +145,7 @@ def test_prefix_hit_shares_full_pages_and_counts_tokens():
 
 
 def test_prefix_hit_never_covers_the_last_prompt_token():
-    pool = PagePool(num_pages=8, block_size=4)
+    pool = PagePool(num_pages=8, page_size=4)
     run_prompt(pool, 1, list(range(8)))  # two full cached pages
     assert pool.add_sequence(2, list(range(8))) == 4  # second page dropped: position 7 must run
     assert pool.add_sequence(3, list(range(9))) == 8
@@ -154,7 +154,7 @@ def test_prefix_hit_never_covers_the_last_prompt_token():
 
 
 def test_prefix_hash_is_chained_so_same_page_after_other_prefix_misses():
-    pool = PagePool(num_pages=8, block_size=2)
+    pool = PagePool(num_pages=8, page_size=2)
     run_prompt(pool, 1, [1, 1, 2, 2, 3])
     assert pool.add_sequence(2, [9, 9, 2, 2, 3]) == 0  # page [2, 2] cached, but after [1, 1]
     assert pool.add_sequence(3, [1, 1, 2, 2, 4]) == 4
@@ -162,7 +162,7 @@ def test_prefix_hash_is_chained_so_same_page_after_other_prefix_misses():
 
 
 def test_prefix_hit_checks_stored_tokens_not_just_the_hash():
-    pool = PagePool(num_pages=8, block_size=2)
+    pool = PagePool(num_pages=8, page_size=2)
     run_prompt(pool, 1, [1, 2, 3])
     # Forge a collision: point the hash of [5, 6] at the page holding [1, 2].
     pool._by_hash[page_hash(None, [5, 6])] = pool._by_hash.pop(page_hash(None, [1, 2]))
@@ -171,23 +171,23 @@ def test_prefix_hit_checks_stored_tokens_not_just_the_hash():
 
 
 def test_identical_page_keeps_first_registration():
-    pool = PagePool(num_pages=8, block_size=2)
+    pool = PagePool(num_pages=8, page_size=2)
     pool.add_sequence(1, [1, 2, 3])
     pool.add_sequence(2, [1, 2, 3])  # nothing cached yet: both compute page [1, 2]
     pool.ensure_capacity(1, 3)
     pool.ensure_capacity(2, 3)
-    assert pool.commit(1, [1, 2, 3]) == [pool.block_table(1)[0]]
+    assert pool.commit(1, [1, 2, 3]) == [pool.page_table(1)[0]]
     assert pool.commit(2, [1, 2, 3]) == []
     assert pool.num_cached_pages == 1
     pool.free(1)
     pool.check()
     assert pool.add_sequence(3, [1, 2, 9]) == 2
-    assert pool.block_table(3) == [0]
-    assert not pool.snapshot().pages[pool.block_table(2)[0]].cached
+    assert pool.page_table(3) == [0]
+    assert not pool.snapshot().pages[pool.page_table(2)[0]].cached
 
 
 def test_disabled_prefix_caching_never_hits():
-    pool = PagePool(num_pages=8, block_size=2, enable_prefix_caching=False)
+    pool = PagePool(num_pages=8, page_size=2, enable_prefix_caching=False)
     run_prompt(pool, 1, [1, 2, 3, 4, 5])
     assert pool.add_sequence(2, [1, 2, 3, 4, 5]) == 0
     assert pool.num_cached_pages == 0
@@ -195,13 +195,13 @@ def test_disabled_prefix_caching_never_hits():
 
 
 def test_freed_cached_pages_stay_reusable_until_evicted():
-    pool = PagePool(num_pages=4, block_size=2)
+    pool = PagePool(num_pages=4, page_size=2)
     run_prompt(pool, 1, [1, 2, 3])  # page 0 cached, page 1 partial
     assert pool.free(1) == [1, 0]
     assert pool.num_free_pages == 4 and pool.num_cached_pages == 1
     assert pool.snapshot().evictable == (0,)
     assert pool.add_sequence(2, [1, 2, 7]) == 2
-    assert pool.block_table(2) == [0]
+    assert pool.page_table(2) == [0]
     assert pool.snapshot().evictable == ()
     pool.check()
 
@@ -210,7 +210,7 @@ def test_freed_cached_pages_stay_reusable_until_evicted():
 
 
 def test_allocation_prefers_uncached_pages_then_evicts_lru():
-    pool = PagePool(num_pages=4, block_size=2)
+    pool = PagePool(num_pages=4, page_size=2)
     run_prompt(pool, 1, [1, 1])  # page 0
     run_prompt(pool, 2, [2, 2])  # page 1
     run_prompt(pool, 3, [3, 3])  # page 2
@@ -231,7 +231,7 @@ def test_allocation_prefers_uncached_pages_then_evicts_lru():
 
 
 def test_free_releases_tail_pages_first_for_lru():
-    pool = PagePool(num_pages=4, block_size=2)
+    pool = PagePool(num_pages=4, page_size=2)
     run_prompt(pool, 1, [1, 2, 3, 4, 5])  # pages 0, 1 cached
     pool.free(1)
     assert pool.snapshot().evictable == (1, 0)
@@ -241,10 +241,10 @@ def test_free_releases_tail_pages_first_for_lru():
 
 
 def test_truncate_frees_pages_beyond_and_uncaches_the_overwritten_page():
-    pool = PagePool(num_pages=8, block_size=2)
+    pool = PagePool(num_pages=8, page_size=2)
     run_prompt(pool, 1, [1, 2, 3, 4, 5, 6, 7])  # pages 0..3, pages 0..2 cached
     assert pool.truncate(1, 3) == [3, 2]
-    assert pool.block_table(1) == [0, 1]
+    assert pool.page_table(1) == [0, 1]
     assert pool.num_tokens(1) == 3
     assert [p.cached for p in pool.snapshot().pages[:4]] == [True, False, True, False]
     assert pool.snapshot().evictable == (2,)  # full rolled-back page: its KV still matches its hash
@@ -257,7 +257,7 @@ def test_truncate_frees_pages_beyond_and_uncaches_the_overwritten_page():
 
 
 def test_truncate_keeps_num_tokens_when_cutting_only_unwritten_capacity():
-    pool = PagePool(num_pages=8, block_size=2)
+    pool = PagePool(num_pages=8, page_size=2)
     pool.add_sequence(1, [1, 2, 3])
     pool.ensure_capacity(1, 8)
     pool.commit(1, [1, 2, 3])
@@ -269,7 +269,7 @@ def test_truncate_keeps_num_tokens_when_cutting_only_unwritten_capacity():
 
 
 def test_truncate_into_a_shared_page_is_refused_unchanged():
-    pool = PagePool(num_pages=8, block_size=2)
+    pool = PagePool(num_pages=8, page_size=2)
     run_prompt(pool, 1, [1, 2, 3, 4, 5])
     pool.add_sequence(2, [1, 2, 3, 4, 6])
     before = pool.snapshot()
@@ -285,10 +285,10 @@ def test_truncate_into_a_shared_page_is_refused_unchanged():
 
 
 def test_fork_shares_full_pages_and_copies_the_partial_one():
-    pool = PagePool(num_pages=8, block_size=2)
+    pool = PagePool(num_pages=8, page_size=2)
     run_prompt(pool, 1, [1, 2, 3, 4, 5])  # pages 0, 1 full, page 2 partial
     assert pool.fork(1, 2) == (2, 3)
-    assert pool.block_table(2) == [0, 1, 3]
+    assert pool.page_table(2) == [0, 1, 3]
     assert pool.num_tokens(2) == 5
     assert [p.ref_count for p in pool.snapshot().pages[:4]] == [2, 2, 1, 1]
     pool.ensure_capacity(2, 6)
@@ -297,31 +297,31 @@ def test_fork_shares_full_pages_and_copies_the_partial_one():
 
 
 def test_fork_of_page_aligned_sequence_needs_no_copy():
-    pool = PagePool(num_pages=2, block_size=2)
+    pool = PagePool(num_pages=2, page_size=2)
     run_prompt(pool, 1, [1, 2, 3, 4])
     assert pool.fork(1, 2) is None
-    assert pool.block_table(2) == [0, 1]
+    assert pool.page_table(2) == [0, 1]
     with pytest.raises(TinyInferError, match="already"):
         pool.fork(1, 2)
     pool.check()
 
 
 def test_fork_without_a_free_page_changes_nothing():
-    pool = PagePool(num_pages=2, block_size=2)
+    pool = PagePool(num_pages=2, page_size=2)
     run_prompt(pool, 1, [1, 2, 3])
     before = pool.snapshot()
     with pytest.raises(OutOfPagesError):
         pool.fork(1, 2)
     assert pool.snapshot() == before
     with pytest.raises(TinyInferError):
-        pool.block_table(2)
+        pool.page_table(2)
 
 
 # ---- check() catches broken bookkeeping --------------------------------------------------
 
 
 def test_check_reports_a_wrong_ref_count():
-    pool = PagePool(num_pages=4, block_size=2)
+    pool = PagePool(num_pages=4, page_size=2)
     run_prompt(pool, 1, [1, 2, 3])
     pool._ref[0] = 2
     with pytest.raises(AssertionError, match="page 0 ref_count 2 != 1 holders"):
@@ -329,7 +329,7 @@ def test_check_reports_a_wrong_ref_count():
 
 
 def test_check_reports_a_page_both_free_and_held():
-    pool = PagePool(num_pages=4, block_size=2)
+    pool = PagePool(num_pages=4, page_size=2)
     run_prompt(pool, 1, [1])
     pool._free.append(0)
     with pytest.raises(AssertionError, match="page 0 is not exactly one"):
@@ -337,7 +337,7 @@ def test_check_reports_a_page_both_free_and_held():
 
 
 def test_check_reports_a_dangling_hash():
-    pool = PagePool(num_pages=4, block_size=2)
+    pool = PagePool(num_pages=4, page_size=2)
     run_prompt(pool, 1, [1, 2, 3])
     pool._by_hash[12345] = 1
     with pytest.raises(AssertionError, match="hash 12345 maps to page 1"):
@@ -354,7 +354,7 @@ tokens_st = st.lists(st.integers(0, 2), min_size=1, max_size=7)
 class PoolMachine(RuleBasedStateMachine):
     """Drives a small pool like an engine would, with a fake KV store holding token ids per slot.
 
-    The model keeps each sequence's committed tokens and its block table as built from
+    The model keeps each sequence's committed tokens and its page table as built from
     what the pool returned; expected ref counts come from those tables, and reading a
     sequence's tokens back out of the store proves no page was shared or reused wrongly.
     """
@@ -363,7 +363,7 @@ class PoolMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.pool = PagePool(num_pages=PAGES, block_size=BLOCK, enable_prefix_caching=self.caching)
+        self.pool = PagePool(num_pages=PAGES, page_size=BLOCK, enable_prefix_caching=self.caching)
         self.tokens: dict[int, list[int]] = {}
         self.tables: dict[int, list[int]] = {}
         self.store: dict[int, int] = {}  # slot -> token id whose "KV" is written there
@@ -402,7 +402,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.next_id += 1
         cached = self.pool.add_sequence(seq_id, prompt)
         assert cached < len(prompt) and cached % BLOCK == 0
-        self.tables[seq_id] = self.pool.block_table(seq_id)
+        self.tables[seq_id] = self.pool.page_table(seq_id)
         assert [self.store[self.pool.slot(seq_id, p)] for p in range(cached)] == prompt[:cached]
         self.tokens[seq_id] = prompt[:cached]
         if self.grow(seq_id, len(prompt)):
@@ -477,7 +477,7 @@ class PoolMachine(RuleBasedStateMachine):
         assert [p.ref_count for p in snap.pages] == self.refs()
         assert snap.num_used == sum(1 for r in self.refs() if r)
         for seq_id, tokens in self.tokens.items():
-            assert self.pool.block_table(seq_id) == self.tables[seq_id]
+            assert self.pool.page_table(seq_id) == self.tables[seq_id]
             assert self.pool.num_tokens(seq_id) == len(tokens)
             assert [self.store[self.pool.slot(seq_id, p)] for p in range(len(tokens))] == tokens
 

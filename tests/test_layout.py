@@ -75,25 +75,25 @@ def test_no_import_cycle():
 
 def test_the_walk_sees_real_imports():
     assert "tinyinfer.engine" in GRAPH["tinyinfer.serve.loop"]
-    assert "tinyinfer.model.tp.launch" in GRAPH["tinyinfer.loading"]  # a lazy import counts
+    assert "tinyinfer.runners.tp.launch" in GRAPH["tinyinfer.model"]  # a lazy import counts
 
 
 # Rooms that must not depend on others: (importer prefix, forbidden prefixes, why).
 WALLS = [
-    ("tinyinfer.simulate", ("tinyinfer.engine", "tinyinfer.model", "tinyinfer.loading",
+    ("tinyinfer.simulate", ("tinyinfer.engine", "tinyinfer.runners", "tinyinfer.model",
                             "tinyinfer.bench", "tinyinfer.serve", "tinyinfer.cli"),
      "the simulator depends on configs and presets only; measuring is bench's job"),
-    ("tinyinfer.model", ("tinyinfer.engine", "tinyinfer.scheduler", "tinyinfer.bench",
+    ("tinyinfer.runners", ("tinyinfer.engine", "tinyinfer.scheduler", "tinyinfer.bench",
                          "tinyinfer.serve", "tinyinfer.cli", "tui", "lessons"),
      "runners compute a forward pass; they know nothing of scheduling or front ends"),
     ("tinyinfer.serve", ("tinyinfer.cli", "tinyinfer.bench", "tui", "lessons"),
      "the server is a front end of the engine, beside the others"),
     ("tinyinfer.bench", ("tinyinfer.cli", "tinyinfer.serve", "tui", "lessons"),
      "benchmarks drive the engine; the CLI drives them"),
-    ("tinyinfer.display", ("tinyinfer.engine", "tinyinfer.model", "tinyinfer.cli"),
+    ("tinyinfer.display", ("tinyinfer.engine", "tinyinfer.runners", "tinyinfer.cli"),
      "terminal output knows nothing of what it shows"),
 ]
-CORE = ("config", "tokenizer", "weights", "loading", "kv", "scheduler", "sampling",
+CORE = ("config", "tokenizer", "weights", "model", "kv", "scheduler", "sampling",
         "speculative", "quant", "engine", "engine_config", "trace", "errors")
 
 
@@ -117,5 +117,5 @@ def test_the_top_of_tinyinfer_is_the_stage_list():
     """A learner opening tinyinfer/ sees the stages (a stage may be a package) and the rooms."""
     modules = {p.stem for p in (ROOT / "tinyinfer").glob("*.py")} - {"__init__", "__main__"}
     packages = {p.name for p in (ROOT / "tinyinfer").iterdir() if (p / "__init__.py").is_file()}
-    rooms = {"bench", "cli", "display", "model", "serve", "simulate"}
+    rooms = {"bench", "cli", "display", "runners", "serve", "simulate"}
     assert modules | packages == set(CORE) | rooms and not modules & packages

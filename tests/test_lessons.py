@@ -16,7 +16,7 @@ import pytest
 from lessons import checking, course
 from lessons.support import CLAIMS
 from tinyinfer.cli import lesson as cli_lesson
-from tinyinfer.loading import BUNDLED
+from tinyinfer.model import BUNDLED
 
 LESSONS = course.discover()
 IDS = [lesson.name for lesson in LESSONS]

@@ -8,7 +8,7 @@ import torch
 
 import tinyinfer
 from tests.conftest import ORACLE_CONFIGS
-from tinyinfer.model.runner import make_batch
+from tinyinfer.runners.runner import make_batch
 
 NAMES = sorted(ORACLE_CONFIGS)
 
@@ -59,18 +59,18 @@ def test_greedy_generation_matches_transformers(name, prompt_len, oracle_model):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama-gqa-untied"])
-@pytest.mark.parametrize("block_size", [4, 16])
-def test_cached_decode_equals_full_forward(name, block_size, oracle_model):
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_cached_decode_equals_full_forward(name, page_size, oracle_model):
     """Every decode step through the paged cache equals recomputing the whole sequence."""
     folder, _ = oracle_model(name)
     model = tinyinfer.load(folder, dtype="float64")
     runner = model.runner
     ids = np.random.default_rng(3).integers(0, model.config.vocab_size, 30).tolist()
     table = [5, 2, 7, 0, 3, 6, 1, 4]  # pages deliberately out of order
-    kv = runner.new_kv_cache(len(table), block_size)
+    kv = runner.new_kv_cache(len(table), page_size)
     prefill = 11
-    runner.forward(make_batch([(ids[:prefill], 0, table, False)], block_size), kv)
+    runner.forward(make_batch([(ids[:prefill], 0, table, False)], page_size), kv)
     for pos in range(prefill, len(ids)):
-        step = runner.forward(make_batch([(ids[pos:pos + 1], pos, table, False)], block_size), kv)
+        step = runner.forward(make_batch([(ids[pos:pos + 1], pos, table, False)], page_size), kv)
         full = model.logits(ids[: pos + 1])[-1]
         np.testing.assert_allclose(step[0], full, rtol=0, atol=1e-9 * np.abs(full).max())

@@ -12,7 +12,6 @@ import pytest
 import tinyinfer
 from tinyinfer.cli import quantize as cli_quantize
 from tinyinfer.errors import CheckpointError, TinyInferError
-from tinyinfer.model.numpy_ref import NumpyRunner, linear
 from tinyinfer.quant import (
     QuantConfig,
     QuantizationError,
@@ -23,6 +22,7 @@ from tinyinfer.quant import (
     quantize_weights,
     save_quantized,
 )
+from tinyinfer.runners.numpy_ref import NumpyRunner, linear
 from tinyinfer.weights import load_weights, read_safetensors
 
 PROMPT = [3, 17, 42, 5, 99, 1, 250, 7, 64, 128, 11, 300, 2, 45, 77, 190, 23]
@@ -75,7 +75,7 @@ def test_int8_kv_cache_stores_codes_and_stays_close(oracle_model):
     model = tinyinfer.load(folder)
     exact = model.logits(PROMPT)
     runner = NumpyRunner(model.config, load_weights(folder, model.config), kv_int8=True)
-    cache = runner.new_kv_cache(num_pages=4, block_size=8)
+    cache = runner.new_kv_cache(num_pages=4, page_size=8)
     assert cache.k[0].dtype == np.int8 and cache.k_scale is not None and cache.k_scale[0].shape == (4, 8, 2)
     quantized = tinyinfer.Model(model.config, runner, folder, "kv-int8").logits(PROMPT)
     assert 0 < relative(quantized, exact) < 0.02
@@ -85,7 +85,7 @@ def test_int8_kv_copy_page_copies_scales(oracle_model):
     folder, _ = oracle_model("llama-gqa-untied")
     config = tinyinfer.load(folder).config
     runner = NumpyRunner(config, load_weights(folder, config), kv_int8=True)
-    cache = runner.new_kv_cache(num_pages=3, block_size=4)
+    cache = runner.new_kv_cache(num_pages=3, page_size=4)
     rng = np.random.default_rng(1)
     kv = rng.standard_normal((4, config.num_kv_heads, config.head_dim)).astype(np.float32)
     cache.write(0, np.arange(4), kv, -kv)

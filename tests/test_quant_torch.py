@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import tinyinfer
-from tinyinfer.model import torch_layers as layers
 from tinyinfer.quant import QuantConfig, dequantize, quantize
+from tinyinfer.runners import torch_layers as layers
 
 PROMPT = [3, 17, 42, 5, 99, 1, 250, 7, 64, 128, 11, 300, 2, 45, 77, 190, 23]
 FORMATS = ["int8", "int4-g32", "int4-g64-asym", "int4-g128"]
@@ -92,7 +92,7 @@ def test_quantized_checkpoint_runs_on_the_torch_runner(oracle_model, tmp_path):
 
 def test_only_linear_layers_may_arrive_quantized(oracle_model):
     from tinyinfer.errors import TinyInferError
-    from tinyinfer.model.torch_fast import TorchRunner
+    from tinyinfer.runners.torch_fast import TorchRunner
     from tinyinfer.weights import load_weights
 
     folder, _ = oracle_model("llama-gqa-untied")

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import tinyinfer
-from tinyinfer.model.numpy_ref import NumpyRunner
-from tinyinfer.model.runner import ModelRunner, RunnerInfo, make_batch
-from tinyinfer.model.torch_fast import TorchRunner
-from tinyinfer.model.tp.runner import TensorParallelRunner
-from tinyinfer.model.tp.shard import ShardRunner
+from tinyinfer.runners.numpy_ref import NumpyRunner
+from tinyinfer.runners.runner import ModelRunner, RunnerInfo, make_batch
+from tinyinfer.runners.torch_fast import TorchRunner
+from tinyinfer.runners.tp.runner import TensorParallelRunner
+from tinyinfer.runners.tp.shard import ShardRunner
 from tinyinfer.weights import load_weights
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,7 +110,7 @@ def imported_modules(path: Path) -> set[str]:
 def test_speculative_policy_imports_no_runner():
     imports = imported_modules(ROOT / "tinyinfer" / "speculative.py")
     assert "tinyinfer.sampling" in imports  # the parse sees its imports
-    assert not [m for m in imports if m == "tinyinfer.model" or m.startswith("tinyinfer.model.")]
+    assert not [m for m in imports if m == "tinyinfer.runners" or m.startswith("tinyinfer.runners.")]
 
 
 def test_runners_do_not_import_the_trace():

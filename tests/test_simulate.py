@@ -380,8 +380,8 @@ def cpu_measurements():
     from tinyinfer.simulate import calibrate as cal
 
     try:
-        import tinyinfer.model.torch_fast  # noqa: F401
-        import tinyinfer.model.torch_weights  # noqa: F401
+        import tinyinfer.runners.torch_fast  # noqa: F401
+        import tinyinfer.runners.torch_weights  # noqa: F401
     except ImportError as exc:
         pytest.skip(f"the torch runner is not importable here: {exc}")
     tiny = cal.model_from_hf("tiny", {

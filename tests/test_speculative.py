@@ -47,7 +47,7 @@ def test_greedy_speculative_equals_plain_greedy(pair, drafter_kind):
 
 def test_rejections_leak_no_pages(pair):
     target, draft = pair
-    engine = tinyinfer.Engine(target, drafter=DraftModelDrafter(draft), num_draft=5, block_size=4,
+    engine = tinyinfer.Engine(target, drafter=DraftModelDrafter(draft), num_draft=5, page_size=4,
                               num_pages=60, draft_num_pages=64, max_num_batched_tokens=48)
     draft_pool = engine.draft_run.pool  # the engine runs the draft model on its own pages
     params = [tinyinfer.SamplingParams(temperature=1.0, seed=s, max_tokens=30) for s in range(8)]

@@ -16,10 +16,10 @@ import torch.distributed as dist
 import tinyinfer
 from tinyinfer import SamplingParams, TinyInferError
 from tinyinfer.config import load_config
-from tinyinfer.loading import BUNDLED, Model, with_tokenizer
-from tinyinfer.model.runner import make_batch
-from tinyinfer.model.tp.launch import start_ranks
-from tinyinfer.model.tp.shard import (
+from tinyinfer.model import BUNDLED, Model, with_tokenizer
+from tinyinfer.runners.runner import make_batch
+from tinyinfer.runners.tp.launch import start_ranks
+from tinyinfer.runners.tp.shard import (
     ShardRunner,
     VocabShard,
     check_tensor_parallel,
@@ -121,7 +121,7 @@ class TestBundled:
         tp, ref = bundled_pair
         prompts = [ref.tokenizer.encode(PROMPTS[1] + " " + p) for p in PROMPTS]  # a shared prefix
         params = SamplingParams(max_tokens=20, temperature=0)
-        options = dict(num_pages=22, block_size=4, max_num_seqs=4, max_num_batched_tokens=12)
+        options = dict(num_pages=22, page_size=4, max_num_seqs=4, max_num_batched_tokens=12)
         got, traces = generate(tp, prompts, params, **options)
         want, _ = generate(ref, prompts, params, **options)
         assert got == want
@@ -191,7 +191,7 @@ class TestOracleGQA:
     def test_greedy_generations_identical_with_batching(self, gqa_pair):
         tp, ref = gqa_pair
         params = SamplingParams(max_tokens=16, temperature=0)
-        options = dict(num_pages=16, block_size=4, max_num_seqs=3, max_num_batched_tokens=16)
+        options = dict(num_pages=16, page_size=4, max_num_seqs=3, max_num_batched_tokens=16)
         prompts = token_prompts(ref)
         got, traces = generate(tp, prompts, params, **options)
         want, _ = generate(ref, prompts, params, **options)

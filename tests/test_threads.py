@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tinyinfer.model import threads
+from tinyinfer.runners import threads
 
 READ_BACK = """
 import json, sys

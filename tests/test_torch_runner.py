@@ -17,10 +17,10 @@ from tests.conftest import ORACLE_CONFIGS
 from tinyinfer.config import config_from_dict
 from tinyinfer.engine_config import EngineConfig
 from tinyinfer.errors import TinyInferError
-from tinyinfer.model.numpy_ref import NumpyRunner
-from tinyinfer.model.runner import make_batch
-from tinyinfer.model.torch_fast import TorchRunner
-from tinyinfer.model.torch_weights import random_weights
+from tinyinfer.runners.numpy_ref import NumpyRunner
+from tinyinfer.runners.runner import make_batch
+from tinyinfer.runners.torch_fast import TorchRunner
+from tinyinfer.runners.torch_weights import random_weights
 
 NAMES = sorted(ORACLE_CONFIGS)
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def load_pair(folder, **options) -> tuple[tinyinfer.Model, tinyinfer.Model]:
     return tinyinfer.load(folder), tinyinfer.load(folder, runner="torch", device="cpu", **options)
 
 
-def mixed_schedule(vocab: int, block_size: int, seed: int):
+def mixed_schedule(vocab: int, page_size: int, seed: int):
     """Four sequences over four steps: whole prefills, a chunk after a cached prefix, decodes,
     a one-token prompt, and a chunk scored at every position; pages shuffled across sequences.
     Yields the make_batch entries of each step."""
@@ -42,7 +42,7 @@ def mixed_schedule(vocab: int, block_size: int, seed: int):
     lengths = {"a": 11, "b": 6, "c": 4, "d": 10}
     ids = {s: rng.integers(0, vocab, n).tolist() for s, n in lengths.items()}
     pages = rng.permutation(32).tolist()
-    tables = {s: [pages.pop() for _ in range(-(-n // block_size))] for s, n in lengths.items()}
+    tables = {s: [pages.pop() for _ in range(-(-n // page_size))] for s, n in lengths.items()}
 
     def entry(s: str, start: int, end: int, all_logits: bool = False):
         return (ids[s][start:end], start, tables[s], all_logits)
@@ -53,11 +53,11 @@ def mixed_schedule(vocab: int, block_size: int, seed: int):
     yield [entry("c", 3, 4), entry("d", 9, 10), entry("b", 5, 6)]
 
 
-def assert_runners_agree(ref_runner, fast_runner, steps, block_size: int, tol: float) -> None:
-    ref_kv = ref_runner.new_kv_cache(32, block_size)
-    fast_kv = fast_runner.new_kv_cache(32, block_size)
+def assert_runners_agree(ref_runner, fast_runner, steps, page_size: int, tol: float) -> None:
+    ref_kv = ref_runner.new_kv_cache(32, page_size)
+    fast_kv = fast_runner.new_kv_cache(32, page_size)
     for entries in steps:
-        batch = make_batch(entries, block_size)
+        batch = make_batch(entries, page_size)
         ref = ref_runner.forward(batch, ref_kv)
         ours = fast_runner.forward(batch, fast_kv)
         assert ours.dtype == np.float32 and ours.shape == ref.shape
@@ -77,16 +77,16 @@ def test_mixed_batches_match_reference(name, oracle_model):
     """Prefill chunks and decodes in one forward, through pages out of order."""
     folder, _ = oracle_model(name)
     ref, fast = load_pair(folder)
-    steps = mixed_schedule(ref.config.vocab_size, block_size=4, seed=len(name))
-    assert_runners_agree(ref.runner, fast.runner, steps, block_size=4, tol=1e-4)
+    steps = mixed_schedule(ref.config.vocab_size, page_size=4, seed=len(name))
+    assert_runners_agree(ref.runner, fast.runner, steps, page_size=4, tol=1e-4)
 
 
 def test_bundled_model_matches_reference():
     ref, fast = load_pair("bundled")
     ids = np.random.default_rng(3).integers(0, ref.config.vocab_size, 64).tolist()
     assert relative_error(fast.logits(ids), ref.logits(ids)) <= 1e-4
-    steps = mixed_schedule(ref.config.vocab_size, block_size=16, seed=5)
-    assert_runners_agree(ref.runner, fast.runner, steps, block_size=16, tol=1e-4)
+    steps = mixed_schedule(ref.config.vocab_size, page_size=16, seed=5)
+    assert_runners_agree(ref.runner, fast.runner, steps, page_size=16, tol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama-gqa-untied", "qwen2-bias"])
@@ -99,7 +99,7 @@ def test_greedy_generations_identical_through_engine(name, oracle_model):
     params = tinyinfer.SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     outputs = []
     for model in (ref, fast):
-        engine = tinyinfer.Engine(model, block_size=4, max_num_batched_tokens=16)
+        engine = tinyinfer.Engine(model, page_size=4, max_num_batched_tokens=16)
         outputs.append([c.token_ids for c in engine.generate(prompts, params)])
     assert outputs[0] == outputs[1]
     assert all(len(tokens) == 20 for tokens in outputs[0])
@@ -124,7 +124,7 @@ def test_compiled_decode_matches_reference(oracle_model):
     ids = rng.integers(0, ref.config.vocab_size, (3, 6))
     tables = [[5, 1], [0, 6], [3, 2]]
     steps = ([(ids[s, t:t + 1].tolist(), t, tables[s], False) for s in range(3)] for t in range(6))
-    assert_runners_agree(ref.runner, fast.runner, steps, block_size=4, tol=1e-4)
+    assert_runners_agree(ref.runner, fast.runner, steps, page_size=4, tol=1e-4)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -138,8 +138,8 @@ def test_random_weights_cover_every_weight_the_reference_reads(family):
     weights = random_weights(config, device="cpu", dtype="float32", seed=1, std=0.2)
     ref = NumpyRunner(config, {name: w.numpy() for name, w in weights.items()})
     fast = TorchRunner(config, weights, device="cpu")
-    steps = mixed_schedule(config.vocab_size, block_size=4, seed=2)
-    assert_runners_agree(ref, fast, steps, block_size=4, tol=1e-4)
+    steps = mixed_schedule(config.vocab_size, page_size=4, seed=2)
+    assert_runners_agree(ref, fast, steps, page_size=4, tol=1e-4)
 
 
 def test_bad_options_raise_errors_that_say_what_to_do(oracle_model):
@@ -161,7 +161,7 @@ def test_triton_decode_kernel_matches_torch_version_in_interpreter():
     """The Triton kernel, run by Triton's CPU interpreter, equals the gather + mask version."""
     code = (
         "import torch\n"
-        "from tinyinfer.model import torch_layers, torch_triton\n"
+        "from tinyinfer.runners import torch_layers, torch_triton\n"
         "torch.manual_seed(0)\n"
         "for heads, kv_heads, hd, page, rope in [(4, 2, 16, 4, True), (6, 2, 24, 4, True),\n"
         "                                        (4, 4, 16, 8, False), (4, 1, 32, 16, True)]:\n"
@@ -192,7 +192,7 @@ def test_triton_decode_kernel_matches_torch_version_in_interpreter():
 
 def test_forward_top_agrees_with_full_logits(oracle_model):
     """The on-device top-k reduction the engine uses for greedy rows matches the full logits."""
-    from tinyinfer.model.runner import make_batch
+    from tinyinfer.runners.runner import make_batch
 
     folder, _ = oracle_model("llama-gqa-untied")
     runner = tinyinfer.load(folder, runner="torch").runner
@@ -214,7 +214,7 @@ def test_a_bf16_pool_holds_twice_the_pages_of_a_float32_one_for_the_same_budget(
     full_context = -(-fp32.config.max_model_len // block)
     fp32_page = fp32.config.kv_bytes_per_token(4) * block
     # A budget of 2 full contexts at float32: above the one-context floor, below 16 sequences' cap.
-    budget = EngineConfig(block_size=block, kv_cache_memory=2 * full_context * fp32_page, max_num_seqs=16)
+    budget = EngineConfig(page_size=block, kv_cache_memory=2 * full_context * fp32_page, max_num_seqs=16)
     pools = {m.runner.info.dtype: tinyinfer.Engine(m, budget) for m in (fp32, bf16)}
     assert pools["float32"].pool.num_pages == 2 * full_context
     assert pools["bfloat16"].pool.num_pages == 4 * full_context

@@ -8,18 +8,24 @@ import math
 import pytest
 
 import tinyinfer
-
+from tests.tui_pilot import settle, started
 from tui.app import TinyInferApp
 from tui.options import Options
-from tui.panels import (AttentionPanel, MetricsPanel, NextTokenPanel, PagesPanel,
-                        SpeculativePanel, TimelinePanel, TokensPanel)
+from tui.panels import (
+    AttentionPanel,
+    MetricsPanel,
+    NextTokenPanel,
+    PagesPanel,
+    SpeculativePanel,
+    TimelinePanel,
+    TokensPanel,
+)
 from tui.panels.narration import NarrationPanel
 from tui.scenarios import SCENARIOS
 from tui.screens.help import HelpScreen
 from tui.screens.loading import LoadingScreen
 from tui.screens.prompt import PromptScreen
 from tui.screens.sampling import SamplingScreen
-from tests.tui_pilot import settle, started
 
 pytestmark = pytest.mark.anyio
 
@@ -179,8 +185,8 @@ async def test_d_switches_speculative_decoding(model):
         assert screen.session.engine.drafter is None and not panel.display
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tinyinfer.model.torch_fast") is None,
-                    reason="the torch runner module tinyinfer.model.torch_fast is not present")
+@pytest.mark.skipif(importlib.util.find_spec("tinyinfer.runners.torch_fast") is None,
+                    reason="the torch runner module tinyinfer.runners.torch_fast is not present")
 async def test_torch_runner_updates_panels_and_labels_attention(text_model_folder):
     torch_model = tinyinfer.load(text_model_folder, runner="torch")
     app = make_app(torch_model)

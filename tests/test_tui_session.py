@@ -33,7 +33,7 @@ def run_to_end(session: Session, limit: int = 400) -> None:
 
 
 def titles(session: Session) -> list[str]:
-    block = session.scenario.block_size
+    block = session.scenario.page_size
     return [narrate(f, session.scenario.intro, block).title for f in session.frames]
 
 
@@ -111,7 +111,7 @@ def test_pressure_pool_fits_each_request_but_not_all(model):
     preempted = [s for s in session.frame.seqs if s.preemptions]
     assert preempted and all(len(s.output) == a.max_tokens or s.finish_reason == "stop"
                              for s, a in zip(session.frame.seqs, scenario.arrivals))
-    assert pages < sum(math.ceil((len(s.prompt) + a.max_tokens) / scenario.block_size)
+    assert pages < sum(math.ceil((len(s.prompt) + a.max_tokens) / scenario.page_size)
                        for s, a in zip(session.frame.seqs, scenario.arrivals))
 
 

@@ -9,10 +9,10 @@ import torch
 import tinyinfer
 from tests.conftest import build_hf_model
 from tinyinfer.config import load_config
-from tinyinfer.loading import BUNDLED
-from tinyinfer.model.runner import make_batch
-from tinyinfer.model.torch_fast import TorchRunner
-from tinyinfer.model.tp.shard import shard_weights
+from tinyinfer.model import BUNDLED
+from tinyinfer.runners.runner import make_batch
+from tinyinfer.runners.torch_fast import TorchRunner
+from tinyinfer.runners.tp.shard import shard_weights
 from tinyinfer.weights import Bf16Array, load_weights, read_checkpoint
 
 

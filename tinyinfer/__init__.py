@@ -19,7 +19,7 @@ from tinyinfer.errors import (
     TinyInferError,
     TokenizerError,
 )
-from tinyinfer.loading import Model, load
+from tinyinfer.model import Model, load
 from tinyinfer.sampling import SamplingParams
 from tinyinfer.trace import StepTrace
 

@@ -12,15 +12,21 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence as Seq
+from typing import Any, Callable, Iterator
+from typing import Sequence as Seq
 
 import numpy as np
 
 from tinyinfer.engine_config import EngineConfig
-from tinyinfer.errors import ContextOverflowError, OutOfPagesError, PromptError, TinyInferError
+from tinyinfer.errors import (
+    ContextOverflowError,
+    OutOfPagesError,
+    PromptError,
+    TinyInferError,
+)
 from tinyinfer.kv import PagePool
-from tinyinfer.loading import Model, check_token_ids
-from tinyinfer.model.runner import Batch, make_batch
+from tinyinfer.model import Model, check_token_ids
+from tinyinfer.runners.runner import Batch, make_batch
 from tinyinfer.sampling import (
     MAX_LOGPROBS,
     SamplingParams,
@@ -32,8 +38,20 @@ from tinyinfer.sampling import (
     sample_next,
     stop_holdback,
 )
-from tinyinfer.speculative import Draft, DraftModelDrafter, Drafter, SpeculativeStats, verify
-from tinyinfer.scheduler import Chunk, Scheduler, SchedulerConfig, SchedulerOutput, Sequence
+from tinyinfer.scheduler import (
+    Chunk,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+    Sequence,
+)
+from tinyinfer.speculative import (
+    Draft,
+    Drafter,
+    DraftModelDrafter,
+    SpeculativeStats,
+    verify,
+)
 from tinyinfer.tokenizer import IncrementalDecoder
 from tinyinfer.trace import Candidate, PoolView, SeqStep, StepTrace
 
@@ -97,13 +115,13 @@ class Engine:
         if drafter is not None:
             _check_drafter(model, drafter, config.num_draft)
         # The draft model's own KV pages, run by the engine (speculative decoding with a draft model).
-        self.draft_run = (DraftRun(drafter, config.draft_num_pages, config.block_size)
+        self.draft_run = (DraftRun(drafter, config.draft_num_pages, config.page_size)
                           if isinstance(drafter, DraftModelDrafter) else None)
         runner = model.runner
         runner.capture_attention = config.detail == "full"
-        self.page_bytes = model.config.kv_bytes_per_token(runner.info.itemsize) * config.block_size
+        self.page_bytes = model.config.kv_bytes_per_token(runner.info.itemsize) * config.page_size
         num_pages = config.num_pages if config.num_pages is not None else self._default_num_pages()
-        self.pool = PagePool(num_pages, config.block_size, config.enable_prefix_caching)
+        self.pool = PagePool(num_pages, config.page_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=config.max_num_seqs,
                             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -112,7 +130,7 @@ class Engine:
                             num_lookahead_slots=self.num_draft),
             self.pool,
         )
-        self.kv_cache = runner.new_kv_cache(num_pages, config.block_size)
+        self.kv_cache = runner.new_kv_cache(num_pages, config.page_size)
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self._rng = np.random.default_rng(config.seed)
@@ -121,7 +139,7 @@ class Engine:
     def _default_num_pages(self) -> int:
         """As many pages as kv_cache_memory pays for at the runner's bytes per value (a bf16 pool
         gets twice a float32 one's), up to every slot's full context, and at least one context."""
-        full_context = math.ceil(self.model.config.max_model_len / self.config.block_size)
+        full_context = math.ceil(self.model.config.max_model_len / self.config.page_size)
         return max(min(self.config.kv_cache_memory // self.page_bytes,
                        self.config.max_num_seqs * full_context), full_context)
 
@@ -160,7 +178,7 @@ class Engine:
                 f"{prompt_len + max_tokens} exceeds the model's context of {limit} tokens: "
                 "shorten the prompt or lower max_tokens"
             )
-        pages = math.ceil((prompt_len + max_tokens) / self.pool.block_size)
+        pages = math.ceil((prompt_len + max_tokens) / self.pool.page_size)
         if pages > self.pool.num_pages:
             raise OutOfPagesError(
                 f"this request needs up to {pages} KV pages but the pool has only "
@@ -302,11 +320,11 @@ class Engine:
         for c in chunks:
             draft = drafts.get(c.seq.seq_id)
             tokens = c.seq.all_ids[c.start:c.end] + list(draft.tokens if draft else ())
-            entries.append((tokens, c.start, self.pool.block_table(c.seq.seq_id), draft is not None))
+            entries.append((tokens, c.start, self.pool.page_table(c.seq.seq_id), draft is not None))
             n_rows = len(tokens) if draft else 1
             rows.append(slice(row, row + n_rows))
             row += n_rows
-        return make_batch(entries, self.pool.block_size), rows
+        return make_batch(entries, self.pool.page_size), rows
 
     def _base_step(self, chunk: Chunk) -> dict:
         seq = chunk.seq
@@ -448,7 +466,7 @@ class Engine:
     def pool_view(self) -> PoolView:
         snap = self.pool.snapshot()
         return PoolView(
-            num_pages=self.pool.num_pages, block_size=self.pool.block_size,
+            num_pages=self.pool.num_pages, page_size=self.pool.page_size,
             used=snap.num_used, free=snap.num_free, cached=snap.num_cached,
             owners=tuple(p.owners for p in snap.pages),
             cached_pages=tuple(p.page_id for p in snap.pages if p.cached),
@@ -525,11 +543,11 @@ class DraftRun:
     turns each row of logits into the next guess.
     """
 
-    def __init__(self, drafter: DraftModelDrafter, num_pages: int, block_size: int):
+    def __init__(self, drafter: DraftModelDrafter, num_pages: int, page_size: int):
         self.drafter = drafter
         self.runner = drafter.model.runner
-        self.pool = PagePool(num_pages, block_size, enable_prefix_caching=False)
-        self.kv_cache = self.runner.new_kv_cache(num_pages, block_size)
+        self.pool = PagePool(num_pages, page_size, enable_prefix_caching=False)
+        self.kv_cache = self.runner.new_kv_cache(num_pages, page_size)
         self.computed: dict[int, int] = {}  # seq_id -> tokens whose K/V the draft holds
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
@@ -546,9 +564,9 @@ class DraftRun:
             for i in live:
                 seq, history = seqs[i], seqs[i].all_ids + tokens[i]
                 start = self.computed[seq.seq_id]
-                feeds.append((history[start:], start, self.pool.block_table(seq.seq_id), False))
+                feeds.append((history[start:], start, self.pool.page_table(seq.seq_id), False))
                 self.computed[seq.seq_id] = len(history)
-            logits = self.runner.forward(make_batch(feeds, self.pool.block_size), self.kv_cache)
+            logits = self.runner.forward(make_batch(feeds, self.pool.page_size), self.kv_cache)
             for row, i in enumerate(live):
                 token, q = self.drafter.guess(seqs[i], tokens[i], logits[row])
                 tokens[i].append(token)

@@ -20,7 +20,7 @@ DETAIL_LEVELS = ("none", "basic", "full")
 class EngineConfig:
     """How one engine batches, schedules and stores K/V."""
 
-    block_size: int = 16  # tokens per KV page
+    page_size: int = 16  # tokens per KV page
     # The pool: num_pages pages, or (None) as many as kv_cache_memory pays for at the runner's
     # bytes per value, capped at max_num_seqs full contexts and never under one full context.
     num_pages: int | None = None
@@ -33,7 +33,7 @@ class EngineConfig:
     kv_allocation: str = "paged"  # or "contiguous": reserve a full context per sequence
     detail: str = "basic"  # one of DETAIL_LEVELS
     num_draft: int = 4  # tokens a drafter guesses per step (speculative decoding only)
-    draft_num_pages: int = 512  # KV pages of a draft model, in pages of block_size tokens
+    draft_num_pages: int = 512  # KV pages of a draft model, in pages of page_size tokens
     seed: int = 0  # seeds each request's sampler unless its SamplingParams has a seed
 
     def __post_init__(self) -> None:

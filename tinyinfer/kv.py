@@ -1,9 +1,9 @@
 """KV page bookkeeping shared by both model runners: which pages each sequence holds.
 
-A runner owns the KV storage, one array ``[num_pages, block_size, n_kv_heads, head_dim]``
+A runner owns the KV storage, one array ``[num_pages, page_size, n_kv_heads, head_dim]``
 per layer; this module only hands out page ids and remembers who holds them. A sequence's
-*block table* lists its pages in order, so token position ``p`` lives in page
-``table[p // block_size]`` at offset ``p % block_size``.
+*page table* lists its pages in order, so token position ``p`` lives in page
+``table[p // page_size]`` at offset ``p % page_size``.
 
 Prefix caching: every full page gets a chained hash (its tokens plus the hash of the page
 before it), so a later prompt that starts with the same tokens reuses the page instead of
@@ -51,7 +51,7 @@ class PageState:
 class PoolSnapshot:
     """The whole page pool at one moment, for the TUI and step traces."""
 
-    block_size: int
+    page_size: int
     pages: tuple[PageState, ...]
     evictable: tuple[int, ...]  # cached pages nobody holds, next to be evicted first
     num_free: int
@@ -73,14 +73,14 @@ class _Seq:
 class PagePool:
     """Hands out KV pages to sequences, shares full prompt pages between them, and evicts LRU."""
 
-    def __init__(self, num_pages: int, block_size: int = DEFAULTS.block_size,
+    def __init__(self, num_pages: int, page_size: int = DEFAULTS.page_size,
                  enable_prefix_caching: bool = DEFAULTS.enable_prefix_caching) -> None:
         if num_pages < 1:
             raise TinyInferError(f"num_pages must be at least 1, got {num_pages}; give the KV cache more memory")
-        if block_size < 1:
-            raise TinyInferError(f"block_size must be at least 1, got {block_size}; {DEFAULTS.block_size} is a good default")
+        if page_size < 1:
+            raise TinyInferError(f"page_size must be at least 1, got {page_size}; {DEFAULTS.page_size} is a good default")
         self.num_pages = num_pages
-        self.block_size = block_size
+        self.page_size = page_size
         self.enable_prefix_caching = enable_prefix_caching
         self._ref = [0] * num_pages
         self._hash: list[int | None] = [None] * num_pages
@@ -108,14 +108,14 @@ class PagePool:
                 self._hold(page)
                 seq.table.append(page)
                 seq.hashes.append(h)
-        seq.num_tokens = len(seq.table) * self.block_size
+        seq.num_tokens = len(seq.table) * self.page_size
         self._seqs[seq_id] = seq
         self._prefix_queries += len(token_ids)
         self._prefix_hits += seq.num_tokens
         return seq.num_tokens
 
     def ensure_capacity(self, seq_id: int, num_tokens: int) -> list[int]:
-        """Grow the block table to cover num_tokens slots; returns the new pages (all or nothing)."""
+        """Grow the page table to cover num_tokens slots; returns the new pages (all or nothing)."""
         seq = self._seq(seq_id)
         needed = self.pages_needed(seq_id, num_tokens)
         if not self.can_allocate(needed):
@@ -142,16 +142,16 @@ class PagePool:
             raise TinyInferError(
                 f"commit of {n} tokens would shrink sequence {seq_id} from {seq.num_tokens}; use truncate to roll back"
             )
-        if n > len(seq.table) * self.block_size:
+        if n > len(seq.table) * self.page_size:
             raise TinyInferError(
-                f"sequence {seq_id} has pages for {len(seq.table) * self.block_size} tokens, not {n}; "
+                f"sequence {seq_id} has pages for {len(seq.table) * self.page_size} tokens, not {n}; "
                 f"call ensure_capacity({seq_id}, {n}) before writing its KV"
             )
         seq.num_tokens = n
         if not self.enable_prefix_caching:
             return []
         registered = []
-        bs = self.block_size
+        bs = self.page_size
         for i in range(len(seq.hashes), n // bs):
             parent = seq.hashes[-1] if seq.hashes else None
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
@@ -168,7 +168,7 @@ class PagePool:
     def truncate(self, seq_id: int, num_tokens: int) -> list[int]:
         """Shrink a sequence to its first num_tokens tokens (speculative rollback); returns freed pages."""
         seq = self._seq(seq_id)
-        bs = self.block_size
+        bs = self.page_size
         if not 0 <= num_tokens <= len(seq.table) * bs:
             raise TinyInferError(
                 f"cannot truncate sequence {seq_id} to {num_tokens} tokens; "
@@ -207,7 +207,7 @@ class PagePool:
         parent = self._seq(parent_id)
         if child_id in self._seqs:
             raise TinyInferError(f"sequence {child_id} is already in the page pool; fork into a new id")
-        full, partial = divmod(parent.num_tokens, self.block_size)
+        full, partial = divmod(parent.num_tokens, self.page_size)
         if partial and not self.can_allocate(1):
             raise OutOfPagesError(
                 f"forking sequence {parent_id} needs 1 free KV page and none is free; "
@@ -228,13 +228,13 @@ class PagePool:
 
     def pages_needed(self, seq_id: int, num_tokens: int) -> int:
         """How many new pages ensure_capacity(seq_id, num_tokens) would allocate."""
-        return max(0, -(-num_tokens // self.block_size) - len(self._seq(seq_id).table))
+        return max(0, -(-num_tokens // self.page_size) - len(self._seq(seq_id).table))
 
     def can_allocate(self, num_new_pages: int) -> bool:
         """Whether num_new_pages pages can be handed out now, evicting cached pages if needed."""
         return num_new_pages <= self.num_free_pages
 
-    def block_table(self, seq_id: int) -> list[int]:
+    def page_table(self, seq_id: int) -> list[int]:
         """The sequence's page ids in token order (a copy)."""
         return list(self._seq(seq_id).table)
 
@@ -243,15 +243,15 @@ class PagePool:
         return self._seq(seq_id).num_tokens
 
     def slot(self, seq_id: int, position: int) -> int:
-        """Flat KV slot (page_id * block_size + offset) of a token position, for the runner's slot mapping."""
+        """Flat KV slot (page_id * page_size + offset) of a token position, for the runner's slot mapping."""
         table = self._seq(seq_id).table
-        page_index, offset = divmod(position, self.block_size)
-        if not 0 <= position < len(table) * self.block_size:
+        page_index, offset = divmod(position, self.page_size)
+        if not 0 <= position < len(table) * self.page_size:
             raise TinyInferError(
                 f"position {position} of sequence {seq_id} has no KV page (pages cover "
-                f"0..{len(table) * self.block_size - 1}); call ensure_capacity first"
+                f"0..{len(table) * self.page_size - 1}); call ensure_capacity first"
             )
-        return table[page_index] * self.block_size + offset
+        return table[page_index] * self.page_size + offset
 
     @property
     def num_free_pages(self) -> int:
@@ -289,7 +289,7 @@ class PagePool:
             for page in range(self.num_pages)
         )
         return PoolSnapshot(
-            block_size=self.block_size,
+            page_size=self.page_size,
             pages=pages,
             evictable=tuple(self._evictable),
             num_free=self.num_free_pages,
@@ -307,10 +307,10 @@ class PagePool:
         for seq_id, seq in self._seqs.items():
             _require(len(set(seq.table)) == len(seq.table), f"sequence {seq_id} holds a page twice: {seq.table}")
             _require(
-                seq.num_tokens <= len(seq.table) * self.block_size,
+                seq.num_tokens <= len(seq.table) * self.page_size,
                 f"sequence {seq_id} has {seq.num_tokens} tokens but only {len(seq.table)} pages",
             )
-            want = seq.num_tokens // self.block_size if self.enable_prefix_caching else 0
+            want = seq.num_tokens // self.page_size if self.enable_prefix_caching else 0
             _require(len(seq.hashes) == want, f"sequence {seq_id} has {len(seq.hashes)} page hashes, expected {want}")
             for i, page in enumerate(seq.table):
                 holders[page] += 1
@@ -346,7 +346,7 @@ class PagePool:
 
     def _cached_prefix(self, token_ids: Sequence[int]) -> list[tuple[int, int]]:
         """(page, hash) of cached pages matching the prompt's leading full pages, never its last token."""
-        bs = self.block_size
+        bs = self.page_size
         hits: list[tuple[int, int]] = []
         parent: int | None = None
         # (len - 1) // bs full pages at most: the model must compute the last prompt position.

@@ -170,7 +170,7 @@ class Scheduler:
                 self.pool.free(seq.seq_id)
                 break
             self.waiting.popleft()
-            hit_pages = self.pool.block_table(seq.seq_id)[: cached // self.pool.block_size]
+            hit_pages = self.pool.page_table(seq.seq_id)[: cached // self.pool.page_size]
             out.prefix_hit_pages += hit_pages
             out.pages_allocated += self.pool.ensure_capacity(seq.seq_id, reserve)
             seq.num_computed = cached

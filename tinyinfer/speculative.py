@@ -21,7 +21,7 @@ from typing import Sequence as Seq
 import numpy as np
 
 from tinyinfer.errors import TinyInferError
-from tinyinfer.loading import Model
+from tinyinfer.model import Model
 from tinyinfer.sampling import (
     MAX_LOGPROBS,
     TokenChoice,

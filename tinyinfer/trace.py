@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator
 
-from tinyinfer.model.runner import RankShare
+from tinyinfer.runners.runner import RankShare
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class PoolView:
     """The page pool after the step: who owns each page."""
 
     num_pages: int
-    block_size: int
+    page_size: int
     used: int
     free: int
     cached: int

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.trace import SeqStep, StepTrace
-
 from tui.frames import Frame, emitted
 
 
@@ -66,7 +65,7 @@ def _preempted(trace: StepTrace) -> Narration:
         "pages")
 
 
-def _prefix_hit(trace: StepTrace, block_size: int) -> Narration:
+def _prefix_hit(trace: StepTrace, page_size: int) -> Narration:
     cached = sum(s.cached_tokens for s in trace.seqs if s.seq_id in trace.admitted)
     pages = len(trace.prefix_hit_pages)
     return Narration(
@@ -74,7 +73,7 @@ def _prefix_hit(trace: StepTrace, block_size: int) -> Narration:
         f"The new prompt starts with the same tokens as an earlier one, so {pages} "
         f"full pages ({cached} tokens) were found by their hash and shared instead of recomputed. "
         "Only the rest of the prompt was prefilled: a much shorter step and a faster first token. "
-        f"Shared pages are marked ×n in the page grid (each page holds {block_size} tokens).",
+        f"Shared pages are marked ×n in the page grid (each page holds {page_size} tokens).",
         "pages")
 
 
@@ -95,7 +94,7 @@ def _joined(frame: Frame, trace: StepTrace) -> Narration:
         "timeline")
 
 
-def _first_prefill(trace: StepTrace, block_size: int) -> Narration:
+def _first_prefill(trace: StepTrace, page_size: int) -> Narration:
     tokens = trace.prefill_tokens
     pages = len(trace.pages_allocated)
     prompts = len(_prefills(trace))
@@ -105,7 +104,7 @@ def _first_prefill(trace: StepTrace, block_size: int) -> Narration:
         f"All {tokens} {whose} went through the model together: every layer multiplied a "
         f"[{tokens} x hidden] matrix by its weights. Much arithmetic per weight read, so prefill "
         f"is compute-bound. Each token's keys and values were written to the KV cache, in "
-        f"{pages} page{'s' if pages != 1 else ''} of {block_size} token slots (a page is the "
+        f"{pages} page{'s' if pages != 1 else ''} of {page_size} token slots (a page is the "
         "unit the pool hands out, so memory grows with the text, not with the longest possible "
         "context). The last position's logits gave the first new token.",
         "timeline")
@@ -135,12 +134,12 @@ def _finished(trace: StepTrace) -> Narration:
         "pages")
 
 
-def _new_page(trace: StepTrace, block_size: int) -> Narration:
+def _new_page(trace: StepTrace, page_size: int) -> Narration:
     return Narration(
         "A new page",
-        f"A sequence filled its last page ({block_size} slots), so the pool handed out page "
+        f"A sequence filled its last page ({page_size} slots), so the pool handed out page "
         f"{', '.join(map(str, trace.pages_allocated))}. Pages need not be next to each other: "
-        "each sequence has a block table mapping position p to page table[p // block_size]. "
+        "each sequence has a page table mapping position p to page table[p // page_size]. "
         "No memory is reserved up front, so many more sequences fit (paged attention).",
         "pages")
 
@@ -231,7 +230,7 @@ def precision_switched(precision: str, before: str) -> str:
             "each weight's relative error.")
 
 
-def narrate(frame: Frame, intro: str = "", block_size: int = DEFAULTS.block_size) -> Narration:
+def narrate(frame: Frame, intro: str = "", page_size: int = DEFAULTS.page_size) -> Narration:
     """Explain the frame on screen, most instructive event first."""
     if frame.event == "start":
         return _start(frame, intro)
@@ -245,13 +244,13 @@ def narrate(frame: Frame, intro: str = "", block_size: int = DEFAULTS.block_size
     if trace.preempted:
         return _preempted(trace)
     if trace.prefix_hit_pages:
-        return _prefix_hit(trace, block_size)
+        return _prefix_hit(trace, page_size)
     if trace.admitted and _decodes(trace):
         return _joined(frame, trace)
     if _prefills(trace) and not _seen_before(frame, _prefills):
         if any(s.token_id is None for s in _prefills(trace)):
             return _chunked(trace)
-        return _first_prefill(trace, block_size)
+        return _first_prefill(trace, page_size)
     if any(s.token_id is None for s in _prefills(trace)):
         return _chunked(trace)
     if trace.finished:
@@ -265,7 +264,7 @@ def narrate(frame: Frame, intro: str = "", block_size: int = DEFAULTS.block_size
     if len(_decodes(trace)) > max([1] + [len(_decodes(t)) for t in frame.traces[:-1]]):
         return _batched(trace)  # the decode batch is bigger than ever before
     if trace.pages_allocated and _decodes(trace):
-        return _new_page(trace, block_size)
+        return _new_page(trace, page_size)
     if any(s.token_id is not None for s in trace.seqs):
         return _decode(frame, trace)
     return Narration(f"Step {trace.step}", "Nothing was scheduled this step.", "timeline")

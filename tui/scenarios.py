@@ -26,7 +26,7 @@ class Scenario:
     intro: str
     arrivals: tuple[Arrival, ...]
     num_pages: int = 32  # 0: size the pool from the prompts so it is just too small (pressure)
-    block_size: int = DEFAULTS.block_size
+    page_size: int = DEFAULTS.page_size
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 256
     temperature: float = 0.8
@@ -42,7 +42,7 @@ class Scenario:
         """Pages in the pool; for a pressure demo, enough for every prompt but not every output."""
         if self.num_pages:
             return self.num_pages
-        bs = self.block_size
+        bs = self.page_size
         alone = max(math.ceil((n + a.max_tokens) / bs) for n, a in zip(prompt_lens, self.arrivals))
         prompts = sum(math.ceil((n + 1) / bs) for n in prompt_lens)
         return max(alone, prompts)
@@ -98,7 +98,7 @@ SCENARIOS: dict[str, Scenario] = {
                 Arrival("The slings and arrows of outrageous fortune,\n", 0, 48),
             ),
             num_pages=0,
-            block_size=8,
+            page_size=8,
         ),
         Scenario(
             name="speculative",

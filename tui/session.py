@@ -14,7 +14,7 @@ from pathlib import Path
 
 import tinyinfer
 from tinyinfer.errors import TinyInferError
-from tinyinfer.loading import BUNDLED
+from tinyinfer.model import BUNDLED
 from tinyinfer.quant import QuantConfig
 from tinyinfer.speculative import Drafter, DraftModelDrafter, PromptLookupDrafter
 from tinyinfer.trace import StepTrace, read_trace
@@ -82,7 +82,7 @@ class Session:
         lens = [len(model.tokenizer.encode(a.prompt)) for a in scenario.arrivals]
         speculating = speculation is not None and speculation.on
         engine = tinyinfer.Engine(
-            model, num_pages=scenario.pool_pages(lens), block_size=scenario.block_size,
+            model, num_pages=scenario.pool_pages(lens), page_size=scenario.page_size,
             max_num_seqs=scenario.max_num_seqs,
             max_num_batched_tokens=scenario.max_num_batched_tokens, seed=seed, detail="full",
             drafter=speculation.make() if speculating else None,

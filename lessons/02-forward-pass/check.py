@@ -1,4 +1,4 @@
-"""Lesson 02 checker: your operations against the reference runner, tinyinfer.model.numpy_ref."""
+"""Lesson 02 checker: your operations against the reference runner, tinyinfer.runners.numpy_ref."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import ModuleType
 import numpy as np
 
 from lessons.checking import CaseFailed, Checklist, expect, expect_close
-from tinyinfer.model import numpy_ref as ref
+from tinyinfer.runners import numpy_ref as ref
 
 checks = Checklist()
 

@@ -11,10 +11,18 @@ from types import ModuleType
 import numpy as np
 
 import tinyinfer
-from lessons.support import LessonError, heading, heldout_text, load_model, patched, table
-from tinyinfer.loading import Model
-from tinyinfer.model import numpy_ref
-from tinyinfer.model.numpy_ref import NumpyRunner
+from lessons.support import (
+    LessonError,
+    heading,
+    heldout_text,
+    load_model,
+    patched,
+    table,
+)
+from tinyinfer.model import Model
+from tinyinfer.runners import numpy_ref
+from tinyinfer.runners.numpy_ref import NumpyRunner
+
 
 def timed(fn: Callable, name: str, clock: dict[str, float]) -> Callable:
     """fn, adding its wall time to clock[name] on every call."""

@@ -5,8 +5,16 @@ from __future__ import annotations
 from types import ModuleType
 
 import tinyinfer
-from lessons.support import claim, heading, heldout_text, load_model, measure_machine, table, track
-from tinyinfer.loading import Model
+from lessons.support import (
+    claim,
+    heading,
+    heldout_text,
+    load_model,
+    measure_machine,
+    table,
+    track,
+)
+from tinyinfer.model import Model
 from tinyinfer.trace import StepTrace
 
 

@@ -2,12 +2,12 @@
 
 Fill in every body, then run `tinyinfer lesson check 04`.
 
-The runner API you need (see tinyinfer/model/runner.py):
-    kv = model.runner.new_kv_cache(num_pages, block_size)        # empty K/V storage
-    batch = make_batch([(new_ids, start_position, block_table, False)], block_size)
+The runner API you need (see tinyinfer/runners/runner.py):
+    kv = model.runner.new_kv_cache(num_pages, page_size)        # empty K/V storage
+    batch = make_batch([(new_ids, start_position, page_table, False)], page_size)
     logits = model.runner.forward(batch, kv)                     # [1, V]: the last new token's
 forward() writes the K/V of new_ids (positions start_position, start_position + 1, ...) into
-the pages of block_table and attends over every position before them that is already stored.
+the pages of page_table and attends over every position before them that is already stored.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import math
 import numpy as np
 
 from tinyinfer.config import ModelConfig
-from tinyinfer.loading import Model
-from tinyinfer.model.runner import make_batch
+from tinyinfer.model import Model
+from tinyinfer.runners.runner import make_batch
 
 BLOCK_SIZE = 16
 
@@ -35,7 +35,7 @@ def generate_recompute(model: Model, prompt_ids: list[int], n: int) -> tuple[lis
 def generate_cached(model: Model, prompt_ids: list[int], n: int) -> tuple[list[int], int]:
     """n greedy tokens with a KV cache: compute the prompt once, then one new token per forward.
 
-    Allocate enough pages for len(prompt_ids) + n tokens up front (block table = [0, 1, ...]).
+    Allocate enough pages for len(prompt_ids) + n tokens up front (page table = [0, 1, ...]).
     Returns (the n new tokens, how many tokens were computed in total).
     """
     raise NotImplementedError

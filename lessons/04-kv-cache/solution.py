@@ -7,8 +7,8 @@ import math
 import numpy as np
 
 from tinyinfer.config import ModelConfig
-from tinyinfer.loading import Model
-from tinyinfer.model.runner import make_batch
+from tinyinfer.model import Model
+from tinyinfer.runners.runner import make_batch
 
 BLOCK_SIZE = 16
 

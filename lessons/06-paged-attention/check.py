@@ -6,7 +6,14 @@ from types import ModuleType
 
 import numpy as np
 
-from lessons.checking import CaseFailed, Checklist, expect, expect_close, expect_equal, expect_raises
+from lessons.checking import (
+    CaseFailed,
+    Checklist,
+    expect,
+    expect_close,
+    expect_equal,
+    expect_raises,
+)
 from tinyinfer.errors import OutOfPagesError
 from tinyinfer.kv import PagePool
 
@@ -18,8 +25,8 @@ def check_tables(mine: object, pool: PagePool, lengths: dict[int, int], num_page
     expect_equal(mine.num_free, pool.num_free_pages, f"num_free {after}")
     held: list[int] = []
     for seq, n in lengths.items():
-        table = list(mine.block_table(seq))
-        expect_equal(len(table), len(pool.block_table(seq)), f"block table length of sequence {seq} ({n} tokens) {after}")
+        table = list(mine.page_table(seq))
+        expect_equal(len(table), len(pool.page_table(seq)), f"page table length of sequence {seq} ({n} tokens) {after}")
         held += table
     expect(all(isinstance(p, (int, np.integer)) and 0 <= p < num_pages for p in held),
            f"every page id must be an integer in 0..{num_pages - 1} {after}", f"held pages: {sorted(held)}")
@@ -27,11 +34,11 @@ def check_tables(mine: object, pool: PagePool, lengths: dict[int, int], num_page
            "each other's K/V", f"held pages: {sorted(held)}")
 
 
-def lockstep(ex: ModuleType, seed: int, num_pages: int = 12, block_size: int = 4, ops: int = 150) -> None:
+def lockstep(ex: ModuleType, seed: int, num_pages: int = 12, page_size: int = 4, ops: int = 150) -> None:
     """Random starts, growths and frees, applied to your allocator and to the engine's pool."""
     rng = np.random.default_rng(seed)
-    mine = ex.PageAllocator(num_pages, block_size)
-    pool = PagePool(num_pages, block_size, enable_prefix_caching=False)
+    mine = ex.PageAllocator(num_pages, page_size)
+    pool = PagePool(num_pages, page_size, enable_prefix_caching=False)
     lengths: dict[int, int] = {}
     next_id = 0
     for i in range(ops):
@@ -68,7 +75,7 @@ def lockstep(ex: ModuleType, seed: int, num_pages: int = 12, block_size: int = 4
 
 
 @checks.case("one sequence growing token by token", "PageAllocator",
-             "pages needed = ceil(num_tokens / block_size) - pages already held; never fewer, never more")
+             "pages needed = ceil(num_tokens / page_size) - pages already held; never fewer, never more")
 def grow(ex: ModuleType) -> None:
     mine, pool = ex.PageAllocator(8, 4), PagePool(8, 4, enable_prefix_caching=False)
     pool.add_sequence(0, [0])
@@ -79,15 +86,15 @@ def grow(ex: ModuleType) -> None:
         check_tables(mine, pool, {0: n}, 8, f"after allocate(0, {n})")
 
 
-@checks.case("slots follow the block table", "PageAllocator",
-             "slot = block_table[position // block_size] * block_size + position % block_size")
+@checks.case("slots follow the page table", "PageAllocator",
+             "slot = page_table[position // page_size] * page_size + position % page_size")
 def slots(ex: ModuleType) -> None:
     mine = ex.PageAllocator(10, 4)
     mine.allocate(1, 5)
     mine.allocate(2, 7)
     mine.allocate(1, 13)
     for seq, n in ((1, 13), (2, 7)):
-        table = list(mine.block_table(seq))
+        table = list(mine.page_table(seq))
         for pos in range(n):
             expect_equal(mine.slot(seq, pos), table[pos // 4] * 4 + pos % 4, f"slot({seq}, {pos})")
 
@@ -100,7 +107,7 @@ def exhausted(ex: ModuleType) -> None:
     expect_raises(OutOfPagesError, lambda: mine.allocate(1, 9), "allocate(1, 9) with 1 page free")
     expect_equal(mine.num_free, 1, "num_free after the failed allocate")
     expect_raises(OutOfPagesError, lambda: mine.allocate(0, 13), "allocate(0, 13) with 1 page free")
-    expect_equal(len(mine.block_table(0)), 2, "sequence 0's block table after its failed growth")
+    expect_equal(len(mine.page_table(0)), 2, "sequence 0's page table after its failed growth")
 
 
 @checks.case("150 random starts, growths and frees, in lockstep with PagePool (seeds 1-3)", "PageAllocator",
@@ -111,7 +118,7 @@ def random_ops(ex: ModuleType) -> None:
 
 
 @checks.case("lengths 1, 16, 17, 40 in pages of 16", "paged_waste",
-             "allocated slots = sum(ceil(n / block_size) * block_size); waste = 1 - tokens / allocated")
+             "allocated slots = sum(ceil(n / page_size) * page_size); waste = 1 - tokens / allocated")
 def waste_paged(ex: ModuleType) -> None:
     for lengths, bs in (([1, 16, 17, 40], 16), ([16, 32], 16), ([5], 4)):
         allocated = sum(-(-n // bs) * bs for n in lengths)

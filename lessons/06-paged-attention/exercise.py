@@ -9,18 +9,18 @@ from tinyinfer.errors import OutOfPagesError
 
 
 class PageAllocator:
-    """Hands out fixed-size KV pages; a sequence's block table lists its pages in token order.
+    """Hands out fixed-size KV pages; a sequence's page table lists its pages in token order.
 
-    Token position p of a sequence lives in page block_table[p // block_size], at offset
-    p % block_size. Pages need not be contiguous, or in any order.
+    Token position p of a sequence lives in page page_table[p // page_size], at offset
+    p % page_size. Pages need not be contiguous, or in any order.
     """
 
-    def __init__(self, num_pages: int, block_size: int) -> None:
-        """A pool of num_pages pages of block_size token slots each, all free."""
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        """A pool of num_pages pages of page_size token slots each, all free."""
         raise NotImplementedError
 
     def allocate(self, seq_id: int, num_tokens: int) -> list[int]:
-        """Grow seq_id's block table (new sequences start empty) to cover num_tokens tokens.
+        """Grow seq_id's page table (new sequences start empty) to cover num_tokens tokens.
 
         Returns the newly added pages (none if it already covers them). All or nothing: if
         too few pages are free, raise OutOfPagesError and change nothing.
@@ -31,12 +31,12 @@ class PageAllocator:
         """Give all of seq_id's pages back to the pool and forget the sequence."""
         raise NotImplementedError
 
-    def block_table(self, seq_id: int) -> list[int]:
+    def page_table(self, seq_id: int) -> list[int]:
         """seq_id's pages, in token order (a copy the caller may keep)."""
         raise NotImplementedError
 
     def slot(self, seq_id: int, position: int) -> int:
-        """Flat KV slot of a token: page_id * block_size + offset. The runner writes K/V there."""
+        """Flat KV slot of a token: page_id * page_size + offset. The runner writes K/V there."""
         raise NotImplementedError
 
     @property
@@ -45,7 +45,7 @@ class PageAllocator:
         raise NotImplementedError
 
 
-def paged_waste(lengths: list[int], block_size: int) -> float:
+def paged_waste(lengths: list[int], page_size: int) -> float:
     """Share of allocated slots that hold no token when each sequence holds just enough pages."""
     raise NotImplementedError
 

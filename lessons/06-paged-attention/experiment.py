@@ -8,8 +8,8 @@ import numpy as np
 
 from lessons.support import claim, heading, heldout_text, load_model, table
 from tinyinfer.bench import workloads as bench
-from tinyinfer.loading import Model
-from tinyinfer.model.runner import make_batch
+from tinyinfer.model import Model
+from tinyinfer.runners.runner import make_batch
 
 BLOCK = 16
 
@@ -18,7 +18,7 @@ def interleaved(impl: ModuleType, m: Model, seqs: list[list[int]], chunk: int) -
     """Prefill sequences in mixed batches of chunks, on pages from the student's allocator.
 
     Sequence 1 finishes early and is freed, so the last sequence reuses its pages. Returns
-    the largest logit difference from computing each sequence alone, and the block tables.
+    the largest logit difference from computing each sequence alone, and the page tables.
     """
     num_pages = sum(-(-len(s) // BLOCK) for s in seqs[:-1]) + 1  # the last sequence needs freed pages
     allocator = impl.PageAllocator(num_pages, BLOCK)
@@ -31,7 +31,7 @@ def interleaved(impl: ModuleType, m: Model, seqs: list[list[int]], chunk: int) -
         for i, start in done.items():
             end = min(start + chunk, len(seqs[i]))
             allocator.allocate(i, end)
-            entries.append((seqs[i][start:end], start, list(allocator.block_table(i)), True))
+            entries.append((seqs[i][start:end], start, list(allocator.page_table(i)), True))
             order.append((i, start, end))
         logits = m.runner.forward(make_batch(entries, BLOCK), kv)  # [rows, V]
         row = 0
@@ -41,7 +41,7 @@ def interleaved(impl: ModuleType, m: Model, seqs: list[list[int]], chunk: int) -
             row += end - start
             done[i] = end
             if end == len(seqs[i]):
-                tables[i] = list(allocator.block_table(i))
+                tables[i] = list(allocator.page_table(i))
                 del done[i]
                 allocator.free(i)
                 if i == 1:
@@ -72,7 +72,7 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
 
     heading("the engine: the same requests with paged and with contiguous KV allocation")
     requests = workload(m, quick)
-    kwargs = dict(max_num_seqs=16, block_size=BLOCK, enable_prefix_caching=False,
+    kwargs = dict(max_num_seqs=16, page_size=BLOCK, enable_prefix_caching=False,
                   num_pages=min(16, len(requests)) * -(-m.config.max_model_len // BLOCK))
     results = [bench.run_workload(m, requests, mode, kv_allocation=mode.split()[0], **kwargs)
                for mode in ("paged", "contiguous")]

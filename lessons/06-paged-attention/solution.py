@@ -8,18 +8,18 @@ from tinyinfer.errors import OutOfPagesError
 
 
 class PageAllocator:
-    """Hands out fixed-size KV pages; a sequence's block table lists its pages in token order."""
+    """Hands out fixed-size KV pages; a sequence's page table lists its pages in token order."""
 
-    def __init__(self, num_pages: int, block_size: int) -> None:
-        """A pool of num_pages pages of block_size token slots each, all free."""
-        self.block_size = block_size
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        """A pool of num_pages pages of page_size token slots each, all free."""
+        self.page_size = page_size
         self.free_pages: deque[int] = deque(range(num_pages))
         self.tables: dict[int, list[int]] = {}
 
     def allocate(self, seq_id: int, num_tokens: int) -> list[int]:
-        """Grow seq_id's block table to cover num_tokens tokens; all or nothing."""
+        """Grow seq_id's page table to cover num_tokens tokens; all or nothing."""
         table = self.tables.setdefault(seq_id, [])
-        needed = max(0, -(-num_tokens // self.block_size) - len(table))
+        needed = max(0, -(-num_tokens // self.page_size) - len(table))
         if needed > len(self.free_pages):
             if not table:
                 del self.tables[seq_id]
@@ -32,14 +32,14 @@ class PageAllocator:
         """Give all of seq_id's pages back to the pool and forget the sequence."""
         self.free_pages.extend(self.tables.pop(seq_id))
 
-    def block_table(self, seq_id: int) -> list[int]:
+    def page_table(self, seq_id: int) -> list[int]:
         """seq_id's pages, in token order."""
         return list(self.tables[seq_id])
 
     def slot(self, seq_id: int, position: int) -> int:
-        """Flat KV slot of a token: page_id * block_size + offset."""
-        page, offset = divmod(position, self.block_size)
-        return self.tables[seq_id][page] * self.block_size + offset
+        """Flat KV slot of a token: page_id * page_size + offset."""
+        page, offset = divmod(position, self.page_size)
+        return self.tables[seq_id][page] * self.page_size + offset
 
     @property
     def num_free(self) -> int:
@@ -47,9 +47,9 @@ class PageAllocator:
         return len(self.free_pages)
 
 
-def paged_waste(lengths: list[int], block_size: int) -> float:
+def paged_waste(lengths: list[int], page_size: int) -> float:
     """Share of allocated slots that hold no token when each sequence holds just enough pages."""
-    allocated = sum(-(-n // block_size) * block_size for n in lengths)
+    allocated = sum(-(-n // page_size) * page_size for n in lengths)
     return 1 - sum(lengths) / allocated
 
 

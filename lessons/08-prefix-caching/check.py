@@ -50,7 +50,7 @@ def keys(ex: ModuleType) -> None:
 
 
 @checks.case("full pages only, chained like the engine's", "prefix_keys",
-             "one key per full page: len(token_ids) // block_size keys; feed each key in as the next parent")
+             "one key per full page: len(token_ids) // page_size keys; feed each key in as the next parent")
 def chains(ex: ModuleType) -> None:
     rng = np.random.default_rng(1)
     base = rng.integers(0, 50, 13).tolist()
@@ -71,14 +71,14 @@ def chains(ex: ModuleType) -> None:
 
 
 @checks.case("a shared system prompt and a new question", "reusable_tokens",
-             "count leading pages whose key is cached, stop at the first miss, multiply by block_size")
+             "count leading pages whose key is cached, stop at the first miss, multiply by page_size")
 def shared(ex: ModuleType) -> None:
     system = list(range(100, 110))
     compare_reuse(ex, [system + [1, 2, 3]], system + [7, 8, 9, 10, 11], "reusable_tokens of system + new question")
 
 
 @checks.case("the same prompt again: its last token is always computed", "reusable_tokens",
-             "only (len(token_ids) - 1) // block_size pages can be reused")
+             "only (len(token_ids) - 1) // page_size pages can be reused")
 def repeat(ex: ModuleType) -> None:
     for n in (8, 9, 3):
         ids = list(range(1, n + 1))

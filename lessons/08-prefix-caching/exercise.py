@@ -16,16 +16,16 @@ def page_key(parent: int | None, tokens: tuple[int, ...]) -> int:
     raise NotImplementedError
 
 
-def prefix_keys(token_ids: list[int], block_size: int) -> list[int]:
+def prefix_keys(token_ids: list[int], page_size: int) -> list[int]:
     """Chained keys of the full pages of a sequence: key i = page_key(key i-1, tokens of page i).
 
-    Page i holds token_ids[i * block_size:(i + 1) * block_size]; a partly filled last page
+    Page i holds token_ids[i * page_size:(i + 1) * page_size]; a partly filled last page
     gets no key (its tokens are still changing).
     """
     raise NotImplementedError
 
 
-def reusable_tokens(token_ids: list[int], cached: set[int], block_size: int) -> int:
+def reusable_tokens(token_ids: list[int], cached: set[int], page_size: int) -> int:
     """How many leading tokens of a new prompt already have K/V in the cache.
 
     Walk the prompt's chained page keys from the first page; stop at the first key not in

@@ -5,7 +5,15 @@ from __future__ import annotations
 from types import ModuleType
 
 import tinyinfer
-from lessons.support import claim, heading, heldout_text, load_model, patched, table, track
+from lessons.support import (
+    claim,
+    heading,
+    heldout_text,
+    load_model,
+    patched,
+    table,
+    track,
+)
 from tinyinfer import kv
 
 BLOCK = 16
@@ -33,11 +41,11 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
     with patched(kv, "page_hash", impl.page_key):
         for size in track(sizes, "system prompt sizes"):
             system = ids[:size]
-            miss = min(first_token(tinyinfer.Engine(m, block_size=BLOCK), system + question_b)[0]
+            miss = min(first_token(tinyinfer.Engine(m, page_size=BLOCK), system + question_b)[0]
                        for _ in range(repeats))
             hits, cached = [], 0
             for _ in range(repeats):
-                warm = tinyinfer.Engine(m, block_size=BLOCK)
+                warm = tinyinfer.Engine(m, page_size=BLOCK)
                 first_token(warm, system + question_a)  # someone asked before, with the same system prompt
                 ttft, cached = first_token(warm, system + question_b)
                 hits.append(ttft)

@@ -9,12 +9,26 @@ from types import ModuleType
 import numpy as np
 
 import tinyinfer
-from lessons.support import claim, draft_name, heading, heldout_text, load_model, patched, table
+from lessons.support import (
+    claim,
+    draft_name,
+    heading,
+    heldout_text,
+    load_model,
+    patched,
+    table,
+)
 from tinyinfer import engine as engine_module
-from tinyinfer.loading import Model
+from tinyinfer.model import Model
 from tinyinfer.sampling import SamplingParams, describe_choice, processed_probs
 from tinyinfer.scheduler import Sequence
-from tinyinfer.speculative import Draft, DraftModelDrafter, Drafter, PromptLookupDrafter, Verification
+from tinyinfer.speculative import (
+    Draft,
+    Drafter,
+    DraftModelDrafter,
+    PromptLookupDrafter,
+    Verification,
+)
 
 K = 4
 

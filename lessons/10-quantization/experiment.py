@@ -10,7 +10,7 @@ import numpy as np
 
 import tinyinfer
 from lessons.support import claim, heading, heldout_text, human_bytes, load_model, table
-from tinyinfer.loading import Model
+from tinyinfer.model import Model
 from tinyinfer.simulate.memory import weight_group_size
 from tinyinfer.simulate.model import model_preset, parameter_counts
 

@@ -16,8 +16,8 @@ from lessons.checking import (
     expect_raises,
 )
 from lessons.support import tiny_config, tiny_model
-from tinyinfer.model.numpy_ref import linear, silu
-from tinyinfer.model.tp.shard import shard_weights
+from tinyinfer.runners.numpy_ref import linear, silu
+from tinyinfer.runners.tp.shard import shard_weights
 from tinyinfer.simulate.model import Scenario, Simulation, model_preset, simulate
 from tinyinfer.simulate.steps import all_reduce_count, rates
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyinfer.model.numpy_ref import silu  # silu(z) = z * sigmoid(z), lesson 02's; for mlp_partials
+from tinyinfer.runners.numpy_ref import (
+    silu,  # silu(z) = z * sigmoid(z), lesson 02's; for mlp_partials
+)
 
 
 def column_parallel(weight: np.ndarray, rank: int, world: int) -> np.ndarray:

@@ -23,9 +23,9 @@ from lessons.support import (
     table,
 )
 from tinyinfer.config import ModelConfig
-from tinyinfer.loading import Model
-from tinyinfer.model.numpy_ref import embedding, linear, rms_norm, silu
-from tinyinfer.model.tp.shard import shard_weights
+from tinyinfer.model import Model
+from tinyinfer.runners.numpy_ref import embedding, linear, rms_norm, silu
+from tinyinfer.runners.tp.shard import shard_weights
 from tinyinfer.simulate.calibrate_tp import TPCalibration, calibrate_recorded
 from tinyinfer.simulate.model import Efficiency, Scenario, model_preset, simulate
 from tinyinfer.simulate.presets import Hardware

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyinfer.model.numpy_ref import silu
+from tinyinfer.runners.numpy_ref import silu
 
 
 def column_parallel(weight: np.ndarray, rank: int, world: int) -> np.ndarray:

@@ -103,8 +103,8 @@ def measure_engine(cases: Sequence[CalibrationCase], device: str, precision: str
 
     import torch
 
-    from tinyinfer.model.torch_fast import TorchRunner
-    from tinyinfer.model.torch_weights import random_weights
+    from tinyinfer.runners.torch_fast import TorchRunner
+    from tinyinfer.runners.torch_weights import random_weights
 
     dtype = TORCH_DTYPES[precision]
     order = {name: i for i, name in reversed(list(enumerate(c.model.name for c in cases)))}
@@ -134,7 +134,7 @@ def _run_case(case: CalibrationCase, runner: object, seed: int) -> EngineTiming:
     from pathlib import Path
 
     from tinyinfer.engine import Engine
-    from tinyinfer.loading import Model
+    from tinyinfer.model import Model
     from tinyinfer.sampling import SamplingParams
 
     config = case.model.config

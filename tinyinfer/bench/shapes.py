@@ -28,7 +28,7 @@ from tinyinfer.display.tables import table
 from tinyinfer.engine import Engine
 from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import TinyInferError
-from tinyinfer.loading import Model, load, resolve_source
+from tinyinfer.model import Model, load, resolve_source
 from tinyinfer.sampling import SamplingParams
 from tinyinfer.simulate.presets import MODEL_CONFIGS
 
@@ -63,8 +63,8 @@ def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
     """Our torch model of a preset shape, and (if asked) a transformers model with the same weights."""
     import torch
 
-    from tinyinfer.model.torch_fast import TorchRunner
-    from tinyinfer.model.torch_weights import random_weights
+    from tinyinfer.runners.torch_fast import TorchRunner
+    from tinyinfer.runners.torch_weights import random_weights
     from tinyinfer.weights import map_weights
 
     config, raw = shape_config(name, max_len)
@@ -85,7 +85,7 @@ def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
 def shape_tensor_parallel(name: str, tensor_parallel: int, device: str, dtype: str,
                           max_len: int = 2048, **runner_options: Any) -> Model:
     """A preset shape with random weights split over ``tensor_parallel`` ranks (each draws its shard)."""
-    from tinyinfer.model.tp.launch import start_ranks
+    from tinyinfer.runners.tp.launch import start_ranks
 
     config, _ = shape_config(name, max_len)
     per_rank = config.num_parameters * (4 if dtype == "float32" else 2) // tensor_parallel
@@ -320,7 +320,7 @@ def bench_throughput(model: Model, workload: list[Request], max_num_seqs: int = 
 
 def _pages_for(model: Model, workload: list[Request], max_num_seqs: int, kv_fraction: float) -> int:
     """Pages for max_num_seqs of the longest requests, within a share of free device memory."""
-    block = DEFAULTS.block_size
+    block = DEFAULTS.page_size
     longest = max(len(r.prompt_ids) + r.max_tokens for r in workload)
     wanted = max_num_seqs * -(-longest // block)
     if not model.runner.info.device.startswith("cuda"):

@@ -20,7 +20,7 @@ from tinyinfer.display import progress
 from tinyinfer.display.tables import table
 from tinyinfer.engine import Engine
 from tinyinfer.engine_config import DEFAULTS
-from tinyinfer.loading import Model
+from tinyinfer.model import Model
 from tinyinfer.sampling import SamplingParams
 
 
@@ -70,7 +70,7 @@ def run_workload(model: Model, workload: list[Request], mode: str,
             trace = engine.step()
             running.append(trace.num_running + len(trace.finished))
             finished.append(len(trace.finished))
-            allocated_slots += engine.pool.num_used_pages * engine.pool.block_size
+            allocated_slots += engine.pool.num_used_pages * engine.pool.page_size
             written_slots += sum(s.num_computed for s in engine.scheduler.running)
             advance(len(trace.finished))
     seconds = time.perf_counter() - start
@@ -96,12 +96,12 @@ BATCHING_MODES = {
 def bench_batching(model: Model, num_requests: int = 200, max_num_seqs: int = DEFAULTS.max_num_seqs,
                    num_pages: int | None = None, seed: int = 0) -> list[WorkloadResult]:
     """Same workload and page pool through each batching / allocation mode."""
-    block_size = DEFAULTS.block_size
-    full_context = -(-model.config.max_model_len // block_size)
+    page_size = DEFAULTS.page_size
+    full_context = -(-model.config.max_model_len // page_size)
     num_pages = num_pages or max_num_seqs * full_context
     workload = make_workload(num_requests, model.config.vocab_size, model.config.max_model_len, seed)
     return [run_workload(model, workload, mode, max_num_seqs=max_num_seqs, num_pages=num_pages,
-                         block_size=block_size, enable_prefix_caching=False, **kwargs)
+                         page_size=page_size, enable_prefix_caching=False, **kwargs)
             for mode, kwargs in BATCHING_MODES.items()]
 
 

@@ -21,7 +21,7 @@ from tinyinfer.cli.common import (
 )
 from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import TinyInferError, missing_package
-from tinyinfer.model import threads
+from tinyinfer.runners import threads
 from tui import cli as tui_cli
 
 
@@ -287,7 +287,7 @@ def _stored_as(path) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from tinyinfer.config import load_config
-    from tinyinfer.loading import resolve_source
+    from tinyinfer.model import resolve_source
     from tinyinfer.quant import read_quant_config, weight_memory_table
 
     path, name = resolve_source(args.model)

@@ -7,7 +7,7 @@ import re
 import sys
 from typing import Any, NoReturn
 
-from tinyinfer.model import threads
+from tinyinfer.runners import threads
 
 PREFIX = "tinyinfer: error:"
 

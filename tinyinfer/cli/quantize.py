@@ -56,7 +56,7 @@ def quant_config_from_args(args: argparse.Namespace) -> QuantConfig:
 def run(args: argparse.Namespace) -> int:
     """Quantize, write, and print sizes and per-layer-type errors."""
     from tinyinfer.config import load_config
-    from tinyinfer.loading import resolve_source
+    from tinyinfer.model import resolve_source
     from tinyinfer.weights import load_weights
 
     if args.model is None:

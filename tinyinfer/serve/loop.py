@@ -227,7 +227,7 @@ class EngineLoop:
         """
         later = {leader: list(range(leader + 1, leader + job.n))
                  for leader in range(0, len(job.entries), job.n)
-                 if job.n > 1 and len(job.entries[leader][0]) >= self.engine.pool.block_size}
+                 if job.n > 1 and len(job.entries[leader][0]) >= self.engine.pool.page_size}
         waiting = {i for siblings in later.values() for i in siblings}
         added: list[str] = []
         try:

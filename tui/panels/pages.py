@@ -5,7 +5,6 @@ from __future__ import annotations
 from rich.text import Text
 
 from tinyinfer.trace import PoolView, StepTrace
-
 from tui.palette import FREE, seq_color
 from tui.panels.base import Panel
 
@@ -64,7 +63,7 @@ class PagesPanel(Panel):
         trace = frame.trace
         new = set(trace.pages_allocated) if trace else set()
         out = Text.assemble((f"{pool.used}/{pool.num_pages} used", "bold"),
-                            f" · {pool.cached} cached · {pool.block_size} tok/page")
+                            f" · {pool.cached} cached · {pool.page_size} tok/page")
         per_row = max(1, self.content_size.width // CELL)
         words = 4 if pool.ranks else 3  # lines around the grid: counts, events, legend, ranks
         room = max(1, self.content_size.height - words) * per_row

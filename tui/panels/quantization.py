@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.reactive import reactive
 
-from tinyinfer.loading import Model
+from tinyinfer.model import Model
 from tinyinfer.quant import Histogram, LayerError
-
 from tui.panels.base import Panel
 from tui.session import precision_of
 

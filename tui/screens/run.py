@@ -173,8 +173,8 @@ class RunScreen(Screen):
         frame = session.frame
         self.frame = frame
         scenario = session.scenario
-        block_size = frame.pool.block_size if frame.pool else DEFAULTS.block_size
-        self.narration = narrate(frame, scenario.intro if scenario else "", block_size)
+        page_size = frame.pool.page_size if frame.pool else DEFAULTS.page_size
+        self.narration = narrate(frame, scenario.intro if scenario else "", page_size)
         where = "live" if session.at_end and session.is_live else (
             "end of recording" if session.at_end else "replaying recorded steps")
         source = session.source

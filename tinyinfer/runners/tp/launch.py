@@ -31,10 +31,10 @@ import torch.multiprocessing as mp
 from tinyinfer.config import ModelConfig, load_config
 from tinyinfer.display import progress
 from tinyinfer.errors import TinyInferError
-from tinyinfer.model import threads
-from tinyinfer.model.torch_weights import pick_device
-from tinyinfer.model.tp.runner import TensorParallelRunner, serve_worker
-from tinyinfer.model.tp.shard import (
+from tinyinfer.runners import threads
+from tinyinfer.runners.torch_weights import pick_device
+from tinyinfer.runners.tp.runner import TensorParallelRunner, serve_worker
+from tinyinfer.runners.tp.shard import (
     ShardRunner,
     check_tensor_parallel,
     random_shard_weights,

@@ -6,8 +6,8 @@ a runner is (dtype, device, bytes per K/V value, tensor-parallel ranks).
 A step may hold several sequences at once, some prefilling a chunk of their prompt and some
 decoding one token. All their new tokens are packed into one flat list; ``query_starts``
 says where each sequence's tokens begin. K and V of the new tokens are written to the paged
-cache at ``slot_mapping`` (slot = page_id * block_size + offset); each sequence then attends
-over its whole context, gathered through its block table.
+cache at ``slot_mapping`` (slot = page_id * page_size + offset); each sequence then attends
+over its whole context, gathered through its page table.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ class Batch:
     positions: np.ndarray  # [T] int64, each token's position in its sequence
     query_starts: np.ndarray  # [B + 1] int64, sequence b owns token rows [qs[b], qs[b+1])
     context_lens: np.ndarray  # [B] int64, tokens in each sequence's KV after this step
-    block_tables: tuple[tuple[int, ...], ...]  # [B][pages] page ids, in order
+    page_tables: tuple[tuple[int, ...], ...]  # [B][pages] page ids, in order
     slot_mapping: np.ndarray  # [T] int64, cache slot each new token's K/V is written to
     logits_rows: np.ndarray  # [R] int64, rows of T whose next-token logits are wanted
 
     @property
     def num_seqs(self) -> int:
-        return len(self.block_tables)
+        return len(self.page_tables)
 
     @property
     def num_tokens(self) -> int:
@@ -43,11 +43,11 @@ class Batch:
 
 
 def make_batch(
-    seqs: list[tuple[list[int], int, list[int], bool]], block_size: int,
+    seqs: list[tuple[list[int], int, list[int], bool]], page_size: int,
 ) -> Batch:
     """Pack sequences into a Batch.
 
-    Each entry is ``(new_token_ids, start_position, block_table, all_logits)``: the tokens to
+    Each entry is ``(new_token_ids, start_position, page_table, all_logits)``: the tokens to
     compute, the position of the first one, the sequence's pages, and whether logits are wanted
     for every new token (verification, full-sequence scoring) or only the last.
     """
@@ -63,7 +63,7 @@ def make_batch(
         token_ids.extend(new_tokens)
         for pos in range(start, start + n):
             positions.append(pos)
-            slots.append(table[pos // block_size] * block_size + pos % block_size)
+            slots.append(table[pos // page_size] * page_size + pos % page_size)
         starts.append(len(token_ids))
         context_lens.append(start + n)
         logits_rows.extend(range(first_row, first_row + n) if all_logits else [first_row + n - 1])
@@ -73,7 +73,7 @@ def make_batch(
         positions=as_i64(positions),
         query_starts=as_i64(starts),
         context_lens=as_i64(context_lens),
-        block_tables=tuple(tuple(t) for _, _, t, _ in seqs),
+        page_tables=tuple(tuple(t) for _, _, t, _ in seqs),
         slot_mapping=as_i64(slots),
         logits_rows=as_i64(logits_rows),
     )
@@ -165,8 +165,8 @@ class ModelRunner(Protocol):
     def info(self) -> RunnerInfo:
         """Name, dtype, device, bytes per K/V value, weight bytes, tensor-parallel ranks."""
 
-    def new_kv_cache(self, num_pages: int, block_size: int) -> Any:
-        """Allocate K/V storage for ``num_pages`` pages of ``block_size`` tokens each."""
+    def new_kv_cache(self, num_pages: int, page_size: int) -> Any:
+        """Allocate K/V storage for ``num_pages`` pages of ``page_size`` tokens each."""
 
     def forward(self, batch: Batch, kv_cache: Any) -> np.ndarray:
         """Run one batch; write its K/V into ``kv_cache``; return float32 logits [R, vocab]."""

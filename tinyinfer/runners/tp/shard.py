@@ -41,10 +41,10 @@ from torch import Tensor
 
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
-from tinyinfer.model import torch_layers as layers
-from tinyinfer.model.runner import Batch, RankShare, RankTiming, RunnerInfo, TopLogits
-from tinyinfer.model.torch_fast import TorchKVCache, TorchRunner, _Step
-from tinyinfer.model.torch_weights import random_weights
+from tinyinfer.runners import torch_layers as layers
+from tinyinfer.runners.runner import Batch, RankShare, RankTiming, RunnerInfo, TopLogits
+from tinyinfer.runners.torch_fast import TorchKVCache, TorchRunner, _Step
+from tinyinfer.runners.torch_weights import random_weights
 from tinyinfer.weights import Bf16Array
 
 WeightArray = np.ndarray | Bf16Array | Tensor

@@ -211,12 +211,12 @@ def prefill_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, k_cach
     return out.transpose(0, 1)  # [Tq, H, hd]
 
 
-def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, block_tables: Tensor,
+def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_tables: Tensor,
                            k_cache: Tensor, v_cache: Tensor, cos_table: Tensor | None,
                            sin_table: Tensor | None, num_heads: int) -> Tensor:
     """One new token per sequence: rotate, store K/V, attend over its pages (gather + mask).
 
-    qkv: [B, (H + 2 Hkv) hd], positions/slots: [B], block_tables: [B, W] page ids,
+    qkv: [B, (H + 2 Hkv) hd], positions/slots: [B], page_tables: [B, W] page ids,
     caches: [P, S, Hkv, hd], cos/sin tables: [max_len, hd/2] (None without RoPE).
     The token at position p sees keys 0..p.  -> [B, H hd].
     The Triton kernel in torch_triton.py computes the same thing without the gather.
@@ -228,8 +228,8 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, block_
         q = apply_rope(q, cos_table[positions], sin_table[positions])
         k = apply_rope(k, cos_table[positions], sin_table[positions])
     write_kv(k_cache, v_cache, slots, k, v)
-    keys = k_cache[block_tables].flatten(1, 2)  # [B, N = W S, Hkv, hd]
-    values = v_cache[block_tables].flatten(1, 2)
+    keys = k_cache[page_tables].flatten(1, 2)  # [B, N = W S, Hkv, hd]
+    values = v_cache[page_tables].flatten(1, 2)
     q = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, G, hd]
     scores = torch.einsum("bkgd,bnkd->bkgn", q.float(), keys.float()) * head_dim ** -0.5
     future = torch.arange(keys.shape[1], device=qkv.device)[None, :] > positions[:, None]  # [B, N]

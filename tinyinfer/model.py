@@ -17,7 +17,6 @@ from tinyinfer.errors import (
     TokenizerError,
     missing_package,
 )
-from tinyinfer.model.runner import ModelRunner, make_batch
 from tinyinfer.quant import (
     ErrorReport,
     QuantConfig,
@@ -27,6 +26,7 @@ from tinyinfer.quant import (
     quantize_weights,
     read_quant_config,
 )
+from tinyinfer.runners.runner import ModelRunner, make_batch
 from tinyinfer.tokenizer import Tokenizer, load_tokenizer
 from tinyinfer.weights import load_weights
 
@@ -87,10 +87,10 @@ class Model:
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Full causal forward of one sequence: float32 logits [len(token_ids), vocab]."""
         ids = check_token_ids(token_ids, self.config)
-        block_size = DEFAULTS.block_size
-        pages = list(range(math.ceil(len(ids) / block_size)))
-        kv = self.runner.new_kv_cache(len(pages), block_size)
-        batch = make_batch([(ids, 0, pages, True)], block_size)
+        page_size = DEFAULTS.page_size
+        pages = list(range(math.ceil(len(ids) / page_size)))
+        kv = self.runner.new_kv_cache(len(pages), page_size)
+        batch = make_batch([(ids, 0, pages, True)], page_size)
         return self.runner.forward(batch, kv)
 
 
@@ -147,7 +147,7 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
         if quantize is not None:
             raise TinyInferError("tensor parallelism shards float weights: load without quantize")
         try:
-            from tinyinfer.model.tp.launch import start_ranks
+            from tinyinfer.runners.tp.launch import start_ranks
         except ModuleNotFoundError as exc:
             raise missing_package(exc) or exc from None
         ranks = start_ranks(config, path, tensor_parallel, device, dtype, **runner_options)
@@ -155,14 +155,14 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
     weights, quantization, quant_errors = _load_weights(path, config, quantize, lazy=runner == "torch",
                                                         measure_error=measure_error)
     if runner == "numpy":
-        from tinyinfer.model.numpy_ref import NumpyRunner
+        from tinyinfer.runners.numpy_ref import NumpyRunner
 
         if device not in (None, "cpu"):
             raise TinyInferError("the NumPy runner runs on the CPU only; use the torch runner for GPUs")
         model_runner: ModelRunner = NumpyRunner(config, weights, dtype=dtype or "float32")
     else:
         try:
-            from tinyinfer.model.torch_fast import TorchRunner
+            from tinyinfer.runners.torch_fast import TorchRunner
         except ModuleNotFoundError as exc:
             raise missing_package(exc) or exc from None
         model_runner = TorchRunner(config, weights, device=device, dtype=dtype, **runner_options)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from tinyinfer.model.runner import Batch
+from tinyinfer.runners.runner import Batch
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -25,7 +25,7 @@ GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 class DecodeGraphs:
     """Captured decode steps for one KV cache, and the static buffers they read and write.
 
-    ``step(token_ids, positions, slots, block_tables)`` must run a whole decode step on
+    ``step(token_ids, positions, slots, page_tables)`` must run a whole decode step on
     device tensors ([b], [b], [b], [b, W]) and return float32 logits [b, V].
     """
 
@@ -38,7 +38,7 @@ class DecodeGraphs:
         self.table_width = table_width
         self.scratch_slot = scratch_page * page_size
         self.scratch_page = scratch_page
-        # One int64 buffer: token ids, positions, slots (max_batch each), then block tables.
+        # One int64 buffer: token ids, positions, slots (max_batch each), then page tables.
         size = 3 * self.max_batch + self.max_batch * table_width
         self.host = torch.zeros(size, dtype=torch.int64, pin_memory=True)
         self.host_array = self.host.numpy()  # the same pinned memory, written from NumPy
@@ -52,7 +52,7 @@ class DecodeGraphs:
         return next((s for s in self.sizes if s >= batch_size), None)
 
     def _views(self, buffer: Any, size: int) -> tuple[Any, Any, Any, Any]:
-        """(token_ids [size], positions [size], slots [size], block_tables [size, W]) of a buffer
+        """(token_ids [size], positions [size], slots [size], page_tables [size, W]) of a buffer
         (the device tensor or the host array)."""
         mb = self.max_batch
         tables = buffer[3 * mb:].reshape(mb, self.table_width)
@@ -64,7 +64,7 @@ class DecodeGraphs:
         tokens, positions, slots, tables = self._views(self.host_array, size)
         tokens[:n], positions[:n], slots[:n] = batch.token_ids, batch.positions, batch.slot_mapping
         tokens[n:], positions[n:], slots[n:] = 0, 0, self.scratch_slot
-        for row, table in enumerate(batch.block_tables):
+        for row, table in enumerate(batch.page_tables):
             tables[row, :len(table)] = table
         tables[n:, 0] = self.scratch_page
         return 3 * self.max_batch + size * self.table_width

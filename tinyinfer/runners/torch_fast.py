@@ -28,10 +28,10 @@ from torch import Tensor
 from tinyinfer.config import ModelConfig, rope_inverse_frequencies
 from tinyinfer.display import progress
 from tinyinfer.errors import TinyInferError
-from tinyinfer.model import torch_layers as layers
-from tinyinfer.model.runner import Batch, RankTiming, RunnerInfo, TopLogits
-from tinyinfer.model.torch_graphs import DecodeGraphs
-from tinyinfer.model.torch_weights import DeviceWeights, pick_device, pick_dtype
+from tinyinfer.runners import torch_layers as layers
+from tinyinfer.runners.runner import Batch, RankTiming, RunnerInfo, TopLogits
+from tinyinfer.runners.torch_graphs import DecodeGraphs
+from tinyinfer.runners.torch_weights import DeviceWeights, pick_device, pick_dtype
 
 DECODE_ATTENTION = ("auto", "triton", "torch")
 
@@ -42,7 +42,7 @@ class TorchKVCache:
 
     k: Tensor  # [L, P + 1, S, Hkv, hd]; page P is scratch for padded decode rows
     v: Tensor
-    block_size: int
+    page_size: int
     graphs: DecodeGraphs | None = field(default=None, repr=False)
 
     @property
@@ -70,7 +70,7 @@ class _Step:
     token_ids: Tensor  # [T] int64
     positions: Tensor  # [T] int64
     slots: Tensor  # [T] int64
-    decode_tables: Tensor | None  # [Bd, W] block tables of the one-token sequences
+    decode_tables: Tensor | None  # [Bd, W] page tables of the one-token sequences
     decode_rows: Tensor | None  # [Bd] their rows; None when every row decodes
     prefills: tuple[_Prefill, ...] = ()
     logits_rows: Tensor | None = None  # [R]; None means every row
@@ -154,13 +154,13 @@ class TorchRunner:
                           device=str(self.device), itemsize=self.dtype.itemsize,
                           weight_bytes=self.w.streamed_bytes())
 
-    def new_kv_cache(self, num_pages: int, block_size: int) -> TorchKVCache:
+    def new_kv_cache(self, num_pages: int, page_size: int) -> TorchKVCache:
         """K/V pages on the device, plus one scratch page."""
         c = self.config
-        shape = (c.num_layers, num_pages + 1, block_size, c.num_kv_heads, c.head_dim)
+        shape = (c.num_layers, num_pages + 1, page_size, c.num_kv_heads, c.head_dim)
         return TorchKVCache(k=torch.zeros(shape, dtype=self.dtype, device=self.device),
                             v=torch.zeros(shape, dtype=self.dtype, device=self.device),
-                            block_size=block_size)
+                            page_size=page_size)
 
     def copy_page(self, kv_cache: TorchKVCache, src: int, dst: int) -> None:
         kv_cache.k[:, dst].copy_(kv_cache.k[:, src])
@@ -189,7 +189,7 @@ class TorchRunner:
             size = graphs.padded_size(batch.num_seqs)
             if size is not None:
                 return graphs.run(batch, size)
-        step = self._step_inputs(batch, kv_cache.block_size)
+        step = self._step_inputs(batch, kv_cache.page_size)
         return self._forward_step(step, kv_cache)
 
     # ------------------------------------------------------------------ the model
@@ -215,7 +215,7 @@ class TorchRunner:
         return final_logits(x, residual, *w.final_norm, w.head, eps)  # [R, V]
 
     def _attention(self, layer: int, qkv: Tensor, step: _Step, kv: TorchKVCache) -> Tensor:
-        """Decode rows attend together through their block tables; prefill chunks one by one."""
+        """Decode rows attend together through their page tables; prefill chunks one by one."""
         c = self.config
         k_cache, v_cache = kv.k[layer], kv.v[layer]  # [P + 1, S, Hkv, hd]
 
@@ -243,7 +243,7 @@ class TorchRunner:
 
     # ------------------------------------------------------------------ inputs
 
-    def _step_inputs(self, batch: Batch, block_size: int) -> _Step:
+    def _step_inputs(self, batch: Batch, page_size: int) -> _Step:
         """Move a batch to the device and sort its sequences into decodes and prefill chunks."""
         def tensor(values: np.ndarray) -> Tensor:
             return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(self.device)
@@ -253,15 +253,15 @@ class TorchRunner:
         decoding = np.flatnonzero(lengths == 1)
         tables = None
         if len(decoding):
-            width = max(len(batch.block_tables[b]) for b in decoding)
+            width = max(len(batch.page_tables[b]) for b in decoding)
             padded = np.zeros((len(decoding), width), dtype=np.int64)  # [Bd, W]
             for row, b in enumerate(decoding):
-                padded[row, :len(batch.block_tables[b])] = batch.block_tables[b]
+                padded[row, :len(batch.page_tables[b])] = batch.page_tables[b]
             tables = tensor(padded)
         prefills = tuple(
             _Prefill(rows=slice(int(starts[b]), int(starts[b + 1])),
                      pages=tensor(np.asarray(
-                         batch.block_tables[b][:math.ceil(int(batch.context_lens[b]) / block_size)])),
+                         batch.page_tables[b][:math.ceil(int(batch.context_lens[b]) / page_size)])),
                      context_len=int(batch.context_lens[b]))
             for b in np.flatnonzero(lengths != 1)
         )
@@ -285,12 +285,12 @@ class TorchRunner:
         if not np.array_equal(batch.logits_rows, np.arange(batch.num_seqs)):
             return None
         if kv.graphs is None:
-            width = min(math.ceil(self.config.max_model_len / kv.block_size), kv.num_pages)
+            width = min(math.ceil(self.config.max_model_len / kv.page_size), kv.num_pages)
             kv.graphs = DecodeGraphs(
                 step=lambda tokens, positions, slots, tables: self._forward_step(
                     _Step(tokens, positions, slots, decode_tables=tables, decode_rows=None), kv),
                 max_batch=self.max_graph_batch, table_width=width,
-                scratch_page=kv.scratch_page, page_size=kv.block_size, device=self.device)
+                scratch_page=kv.scratch_page, page_size=kv.page_size, device=self.device)
         return kv.graphs
 
     def _announce_compile(self) -> None:
@@ -302,7 +302,7 @@ class TorchRunner:
 def _triton_decode_attention() -> Callable[..., Tensor] | None:
     """The Triton paged-decode kernel, or None where Triton is not installed."""
     try:
-        from tinyinfer.model import torch_triton
+        from tinyinfer.runners import torch_triton
     except ImportError:
         return None
     return torch_triton.paged_decode_attention

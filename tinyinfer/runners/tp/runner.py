@@ -26,9 +26,9 @@ from torch import Tensor
 
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
-from tinyinfer.model.runner import Batch, RankTiming, RunnerInfo, TopLogits
-from tinyinfer.model.torch_fast import TorchKVCache
-from tinyinfer.model.tp.shard import ShardRunner
+from tinyinfer.runners.runner import Batch, RankTiming, RunnerInfo, TopLogits
+from tinyinfer.runners.torch_fast import TorchKVCache
+from tinyinfer.runners.tp.shard import ShardRunner
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Command:
 
     kind: str  # "new_kv", "copy_page", "forward" or "shutdown"
     kv_id: int = -1
-    args: tuple[int, ...] = ()  # new_kv: (pages, block size); copy_page: (src, dst); forward: (top k,) or ()
+    args: tuple[int, ...] = ()  # new_kv: (pages, page size); copy_page: (src, dst); forward: (top k,) or ()
     batch: Batch | None = None
     drop: tuple[int, ...] = ()
 
@@ -48,7 +48,7 @@ class TensorParallelKVCache:
 
     kv_id: int
     local: TorchKVCache  # k, v: [L, P + 1, S, Hkv / N, hd], this rank's KV heads only
-    block_size: int
+    page_size: int
 
     @property
     def num_pages(self) -> int:
@@ -118,11 +118,11 @@ class TensorParallelRunner:
 
     # ------------------------------------------------------------------ protocol
 
-    def new_kv_cache(self, num_pages: int, block_size: int) -> TensorParallelKVCache:
+    def new_kv_cache(self, num_pages: int, page_size: int) -> TensorParallelKVCache:
         """Every rank allocates its KV heads' share of ``num_pages`` pages."""
         kv_id = next(self._kv_ids)
-        self._send(Command("new_kv", kv_id, (num_pages, block_size)))
-        handle = TensorParallelKVCache(kv_id, self.shard.new_kv_cache(num_pages, block_size), block_size)
+        self._send(Command("new_kv", kv_id, (num_pages, page_size)))
+        handle = TensorParallelKVCache(kv_id, self.shard.new_kv_cache(num_pages, page_size), page_size)
         self._live[kv_id] = handle
         # Workers free their shard at the next command after the engine drops this handle.
         weakref.finalize(handle, self._dropped.append, kv_id)

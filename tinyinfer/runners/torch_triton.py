@@ -3,9 +3,9 @@
 It computes what ``torch_layers.paged_decode_attention`` computes, in one or two launches per
 layer. A program takes one (sequence, KV head, context split): it rotates the new token's q
 and k, and the first split stores the new k and v in the token's page slot; then it streams
-its share of the earlier keys and values page by page through the block table with an
+its share of the earlier keys and values page by page through the page table with an
 online softmax. Nothing is gathered into a padded copy, so the cost follows each sequence's
-real context, not the block table's width — which lets one CUDA graph serve every length.
+real context, not the page table's width — which lets one CUDA graph serve every length.
 
 At batch 1 there are only (KV heads) programs, each walking the whole context one block
 after another; splitting the context across programs (flash-decoding) keeps the GPU busy,
@@ -86,7 +86,7 @@ def _paged_decode_kernel(
     acc2 = tl.zeros([GROUP_P, HALF_P], tl.float32) + tl.where(first, v2.to(tl.float32), 0.0)[None, :]
 
     # This split's share of the earlier tokens 0..pos-1 (whole blocks of BLOCK_N, so short
-    # contexts use fewer splits), read through the block table. A while loop, not
+    # contexts use fewer splits), read through the page table. A while loop, not
     # range(lo, hi, ...): Triton's CPU interpreter, which the tests use, cannot take a loaded
     # scalar as a range bound.
     share = tl.cdiv(tl.cdiv(pos, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -156,14 +156,14 @@ def default_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
     return min(MAX_SPLITS, triton.next_power_of_2(wanted))
 
 
-def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, block_tables: Tensor,
+def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_tables: Tensor,
                            k_cache: Tensor, v_cache: Tensor, cos_table: Tensor | None,
                            sin_table: Tensor | None, num_heads: int,
                            num_splits: int | None = None) -> Tensor:
     """Same contract as ``torch_layers.paged_decode_attention``, in Triton.
 
     qkv: [B, (H + 2 Hkv) hd] (rows contiguous), positions/slots: [B] int64,
-    block_tables: [B, W] int, caches: [P, S, Hkv, hd] contiguous.  -> [B, H hd].
+    page_tables: [B, W] int, caches: [P, S, Hkv, hd] contiguous.  -> [B, H hd].
     num_splits (a power of two) splits each context across programs; None picks by GPU size.
     """
     batch = qkv.shape[0]
@@ -184,8 +184,8 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, block_
     _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
         qkv, out, part_acc, part_ml, k_cache, v_cache,
         cos_table if rope else qkv, sin_table if rope else qkv,
-        positions, slots, block_tables,
-        qkv.stride(0), block_tables.stride(0), head_dim ** -0.5,
+        positions, slots, page_tables,
+        qkv.stride(0), page_tables.stride(0), head_dim ** -0.5,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_P=group_p,
         HALF=half, HALF_P=half_p, PAGE_SIZE=page_size, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, ROPE=rope, num_warps=4,

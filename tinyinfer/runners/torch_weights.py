@@ -16,8 +16,8 @@ from torch import Tensor
 
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
-from tinyinfer.model.torch_layers import QuantWeight, device_weight
 from tinyinfer.quant import QuantizedWeight, concat_out
+from tinyinfer.runners.torch_layers import QuantWeight, device_weight
 from tinyinfer.weights import Bf16Array
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -2,7 +2,7 @@
 
 Read it next to the lesson text. Shapes use: T new tokens in the batch, D hidden size,
 H query heads, Hkv key/value heads, hd head dim, F MLP width, V vocabulary,
-N context tokens of one sequence, P pages, S tokens per page (block size).
+N context tokens of one sequence, P pages, S tokens per page (page size).
 """
 
 from __future__ import annotations
@@ -13,9 +13,14 @@ import numpy as np
 
 from tinyinfer.config import ModelConfig, rope_inverse_frequencies
 from tinyinfer.errors import TinyInferError
-from tinyinfer.model.runner import Batch, RankTiming, RunnerInfo, TopLogits, top_logits
 from tinyinfer.quant import QuantizedWeight, dequantize, dequantize_kv, quantize_kv
-
+from tinyinfer.runners.runner import (
+    Batch,
+    RankTiming,
+    RunnerInfo,
+    TopLogits,
+    top_logits,
+)
 
 # ---------------------------------------------------------------- operations
 
@@ -118,23 +123,23 @@ class NumpyKVCache:
 
     k: list[np.ndarray]
     v: list[np.ndarray]
-    block_size: int
+    page_size: int
     k_scale: list[np.ndarray] | None = None
     v_scale: list[np.ndarray] | None = None
 
     def write(self, layer: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Store new tokens' K/V [T, Hkv, hd] at their slots (page * S + offset)."""
-        pages, offsets = slots // self.block_size, slots % self.block_size
+        pages, offsets = slots // self.page_size, slots % self.page_size
         if self.k_scale is not None and self.v_scale is not None:
             k, self.k_scale[layer][pages, offsets] = quantize_kv(k)
             v, self.v_scale[layer][pages, offsets] = quantize_kv(v)
         self.k[layer][pages, offsets] = k
         self.v[layer][pages, offsets] = v
 
-    def gather(self, layer: int, block_table: tuple[int, ...],
+    def gather(self, layer: int, page_table: tuple[int, ...],
                length: int) -> tuple[np.ndarray, np.ndarray]:
-        """One sequence's K/V in position order: pages by block table, cut to length. -> [N, Hkv, hd]."""
-        pages = list(block_table)
+        """One sequence's K/V in position order: pages by page table, cut to length. -> [N, Hkv, hd]."""
+        pages = list(page_table)
         k = self.k[layer][pages].reshape(-1, *self.k[layer].shape[2:])[:length]
         v = self.v[layer][pages].reshape(-1, *self.v[layer].shape[2:])[:length]
         if self.k_scale is not None and self.v_scale is not None:
@@ -175,21 +180,21 @@ class NumpyRunner:
                           itemsize=1 if self.kv_int8 else self.dtype.itemsize,  # int8: scales not counted
                           weight_bytes=sum(w.nbytes for w in self.w.values()))
 
-    def new_kv_cache(self, num_pages: int, block_size: int) -> NumpyKVCache:
+    def new_kv_cache(self, num_pages: int, page_size: int) -> NumpyKVCache:
         c = self.config
-        shape = (num_pages, block_size, c.num_kv_heads, c.head_dim)
+        shape = (num_pages, page_size, c.num_kv_heads, c.head_dim)
         if self.kv_int8:
             return NumpyKVCache(
                 k=[np.zeros(shape, np.int8) for _ in range(c.num_layers)],
                 v=[np.zeros(shape, np.int8) for _ in range(c.num_layers)],
-                block_size=block_size,
+                page_size=page_size,
                 k_scale=[np.zeros(shape[:3], np.float16) for _ in range(c.num_layers)],
                 v_scale=[np.zeros(shape[:3], np.float16) for _ in range(c.num_layers)],
             )
         return NumpyKVCache(
             k=[np.zeros(shape, self.dtype) for _ in range(c.num_layers)],
             v=[np.zeros(shape, self.dtype) for _ in range(c.num_layers)],
-            block_size=block_size,
+            page_size=page_size,
         )
 
     def copy_page(self, kv_cache: NumpyKVCache, src: int, dst: int) -> None:
@@ -240,7 +245,7 @@ class NumpyRunner:
         out = np.empty_like(q)  # [T, H, hd]
         for b in range(batch.num_seqs):
             rows = slice(batch.query_starts[b], batch.query_starts[b + 1])
-            k_ctx, v_ctx = kv.gather(layer, batch.block_tables[b], int(batch.context_lens[b]))
+            k_ctx, v_ctx = kv.gather(layer, batch.page_tables[b], int(batch.context_lens[b]))
             out[rows], weights = attention(q[rows], k_ctx, v_ctx, batch.positions[rows])
             if self.capture_attention:
                 self.last_attention[b].append(weights[:, -1, :])

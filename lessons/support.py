@@ -166,8 +166,15 @@ def measure_machine() -> tuple[float, float]:
 
 
 @contextmanager
-def patched(target: Any, name: str, value: Any) -> Iterator[None]:
-    """Replace ``target.name`` with ``value`` inside the block: how student code joins the engine."""
+def plugged(target: Any, name: str, value: Any) -> Iterator[None]:
+    """Put ``value`` in the place of ``target.name`` inside the block: how student code joins the
+    engine. Only at a plug point the stage declares (its ``PLUG_POINTS``: functions it calls by
+    name), so a refactor of the engine fails here, loudly, rather than leaving the student's code
+    silently unused."""
+    if name not in target.PLUG_POINTS:
+        raise LessonError(f"{target.__name__}.{name} is not a plug point of the engine "
+                          f"(those are {', '.join(target.PLUG_POINTS)}): the course and the engine "
+                          "are out of step; reinstall tinyinfer")
     saved = getattr(target, name)
     setattr(target, name, value)
     try:

@@ -172,3 +172,43 @@ def test_experiment_quick_mode_reports_its_claims(lesson):
     for claim_id in lesson.claims:
         assert f"[{claim_id}] claim:" in done.stdout
     assert done.stdout.count("verdict:") == len(lesson.claims)
+
+
+def test_the_engine_reaches_every_plug_point():
+    """A lesson puts student code in the engine at a stage's declared plug points; a refactor
+    that stops calling one would leave the student's code silently unused. Plug a counting
+    stand-in into every point and run the engine through all of them."""
+    from collections import Counter
+    from contextlib import ExitStack
+
+    import tinyinfer
+    from lessons.support import LessonError, plugged
+    from tinyinfer import engine, kv, sampling
+    from tinyinfer.runners import numpy_ref
+    from tinyinfer.speculative import DraftModelDrafter
+
+    calls: Counter[str] = Counter()
+
+    def counting(label: str, original):
+        def stand_in(*args, **kwargs):
+            calls[label] += 1
+            return original(*args, **kwargs)
+        return stand_in
+
+    targets = (numpy_ref, numpy_ref.NumpyRunner, sampling, kv, engine)
+    points = [f"{t.__name__}.{name}" for t in targets for name in t.PLUG_POINTS]
+    model = tinyinfer.load("bundled")
+    sampled = tinyinfer.SamplingParams(temperature=0.8, seed=1, max_tokens=6, ignore_eos=True)
+    prompt = "To be, or not to be, that is the question: whether 'tis nobler in the mind"
+    with ExitStack() as stack:
+        for target in targets:
+            for name in target.PLUG_POINTS:
+                label = f"{target.__name__}.{name}"
+                stack.enter_context(plugged(target, name, counting(label, getattr(target, name))))
+        tinyinfer.Engine(model).generate([prompt, prompt], sampled)  # the second hits the cache
+        drafter = DraftModelDrafter(tinyinfer.load("bundled-draft"))
+        tinyinfer.Engine(model, drafter=drafter).generate(prompt, sampled)
+    assert {p: calls[p] for p in points if not calls[p]} == {}
+    with pytest.raises(LessonError, match="not a plug point"):  # a name the engine never calls
+        with plugged(kv, "hash_pages", len):
+            pass

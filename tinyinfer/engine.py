@@ -55,6 +55,11 @@ from tinyinfer.speculative import (
 from tinyinfer.tokenizer import IncrementalDecoder
 from tinyinfer.trace import Candidate, PoolView, SeqStep, StepTrace
 
+# Plug points: functions this module calls by their global name, so that the course can put a
+# student's version in their place (lessons/support.py: plugged). tests/test_lessons.py checks
+# that the engine still reaches every one.
+PLUG_POINTS = ("verify",)  # speculative.verify, as the engine calls it
+
 TOP_LOGITS = 64
 TOP_FOR_GREEDY = 20
 

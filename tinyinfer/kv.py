@@ -26,6 +26,12 @@ from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import OutOfPagesError, PromptError, TinyInferError
 
 
+# Plug points: functions this module calls by their global name, so that the course can put a
+# student's version in their place (lessons/support.py: plugged). tests/test_lessons.py checks
+# that the engine still reaches every one.
+PLUG_POINTS = ("page_hash",)
+
+
 def page_hash(parent: int | None, token_ids: Sequence[int]) -> int:
     """Hash one full page from its tokens and the previous page's hash (None for the first page).
 

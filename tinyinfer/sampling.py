@@ -23,6 +23,12 @@ TUI_TOP_CANDIDATES = 5
 _TOP_P_SLACK = 1e-12
 
 
+# Plug points: functions this module calls by their global name, so that the course can put a
+# student's version in their place (lessons/support.py: plugged). tests/test_lessons.py checks
+# that the engine still reaches every one.
+PLUG_POINTS = ("probs_from_logits", "sample_from_probs")
+
+
 def _fail(name: str, value: object, valid: str) -> SamplingParamsError:
     """Build the error for one bad parameter: its name, the bad value and the valid range."""
     got = value if isinstance(value, (int, float)) else f"{type(value).__name__} {value}"

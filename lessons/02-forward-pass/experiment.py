@@ -16,7 +16,7 @@ from lessons.support import (
     heading,
     heldout_text,
     load_model,
-    patched,
+    plugged,
     table,
 )
 from tinyinfer.model import Model
@@ -47,8 +47,8 @@ def forward_ops(impl: ModuleType, clock: dict[str, float]) -> Iterator[None]:
 
     with ExitStack() as stack:
         for name in ("rms_norm", "apply_rope", "attention"):
-            stack.enter_context(patched(numpy_ref, name, timed(getattr(impl, name), name, clock)))
-        stack.enter_context(patched(NumpyRunner, "mlp_block", mlp_block))
+            stack.enter_context(plugged(numpy_ref, name, timed(getattr(impl, name), name, clock)))
+        stack.enter_context(plugged(NumpyRunner, "mlp_block", mlp_block))
         yield
 
 

@@ -9,7 +9,7 @@ from types import ModuleType
 import numpy as np
 
 import tinyinfer
-from lessons.support import heading, load_model, patched, table, track
+from lessons.support import heading, load_model, plugged, table, track
 from tinyinfer import sampling
 from tinyinfer.sampling import SamplingParams
 
@@ -35,8 +35,8 @@ def students_sampler(impl: ModuleType, kept: list[int]) -> Iterator[None]:
         return p
 
     with ExitStack() as stack:
-        stack.enter_context(patched(sampling, "probs_from_logits", probs_from_logits))
-        stack.enter_context(patched(sampling, "sample_from_probs", impl.sample))
+        stack.enter_context(plugged(sampling, "probs_from_logits", probs_from_logits))
+        stack.enter_context(plugged(sampling, "sample_from_probs", impl.sample))
         yield
 
 

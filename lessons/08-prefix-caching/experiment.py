@@ -10,7 +10,7 @@ from lessons.support import (
     heading,
     heldout_text,
     load_model,
-    patched,
+    plugged,
     table,
     track,
 )
@@ -38,7 +38,7 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
 
     heading(f"a shared system prompt, then a {len(question_b)}-token question (best of {repeats})")
     rows, speedups = [], []
-    with patched(kv, "page_hash", impl.page_key):
+    with plugged(kv, "page_hash", impl.page_key):
         for size in track(sizes, "system prompt sizes"):
             system = ids[:size]
             miss = min(first_token(tinyinfer.Engine(m, page_size=BLOCK), system + question_b)[0]

@@ -15,7 +15,7 @@ from lessons.support import (
     heading,
     heldout_text,
     load_model,
-    patched,
+    plugged,
     table,
 )
 from tinyinfer import engine as engine_module
@@ -100,7 +100,7 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
 
     heading(f"{n_prompts} held-out prompts, {new} greedy tokens each, k = {K} guesses per step")
     runs: dict[str, Run] = {}
-    with patched(engine_module, "verify", students_verify(impl)):
+    with plugged(engine_module, "verify", students_verify(impl)):
         for name, drafter in drafters.items():
             runs[name] = generate(m, prompts, greedy, drafter)
     base = runs["plain decoding"]
@@ -122,7 +122,7 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
     if not quick and draft is not None:
         heading("sampling at temperature 0.8 through your accept_sampled")
         sampled = SamplingParams(temperature=0.8, max_tokens=new, seed=3, ignore_eos=True)
-        with patched(engine_module, "verify", students_verify(impl)):
+        with plugged(engine_module, "verify", students_verify(impl)):
             r = generate(m, prompts[:1], sampled, drafters[f"draft model ({draft})"])
         print(f"acceptance {100 * r.acceptance:.0f}%, {r.per_pass:.2f} tokens per target pass: {r.texts[0]!r}"[:160])
 

@@ -25,6 +25,12 @@ from tinyinfer.runners.runner import (
 # ---------------------------------------------------------------- operations
 
 
+# Plug points: functions this module calls by their global name, so that the course can put a
+# student's version in their place (lessons/support.py: plugged). tests/test_lessons.py checks
+# that the engine still reaches every one.
+PLUG_POINTS = ("rms_norm", "apply_rope", "attention")
+
+
 def embedding(table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
     """Look up one row per token.  table: [V, D], token_ids: [T] -> [T, D]."""
     return table[token_ids]
@@ -155,6 +161,7 @@ class NumpyRunner:
     """Reference runner: float32 by default, float64 on request."""
 
     name = "numpy"
+    PLUG_POINTS = ("mlp_block",)  # a method the forward pass calls through self (lesson 02)
 
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray | QuantizedWeight],
                  dtype: str = "float32", kv_int8: bool = False):

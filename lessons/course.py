@@ -22,6 +22,7 @@ from types import ModuleType
 from lessons.checking import Report, where_in_student_code
 from lessons.support import LessonError
 from tinyinfer.cli.common import Parser, add_threads_arg, fail
+from tinyinfer.errors import MissingPackageError, missing_package
 
 HERE = Path(__file__).parent
 DEFAULT_WORKSPACE = Path("tinyinfer-lessons")
@@ -96,6 +97,9 @@ def load_module(path: Path, name: str) -> ModuleType:
         raise LoadError(f"SyntaxError at line {exc.lineno}: {exc.msg}") from None
     except Exception as exc:
         del sys.modules[name]
+        missing = missing_package(exc) if isinstance(exc, ModuleNotFoundError) else None
+        if missing is not None:  # PyTorch for lesson 12, say: an install away, not a bug
+            raise missing from None
         where = where_in_student_code(exc, str(path))
         raise LoadError(f"{type(exc).__name__}: {exc}" + (f" ({where[0]})" if where else "")) from None
     return module
@@ -264,7 +268,7 @@ def run_command(args: argparse.Namespace) -> int:
         if args.lesson_command == "check":
             return _cmd_check(lesson, args.dir, args.solution)
         return _cmd_run(lesson, args)
-    except LessonError as exc:
+    except (LessonError, MissingPackageError) as exc:
         return fail(str(exc))
 
 
@@ -310,7 +314,7 @@ def _cmd_run(lesson: Lesson, args: argparse.Namespace) -> int:
           + (" [quick]" if args.quick else ""))
     try:
         run_experiment(lesson, path, args.quick, args.model, args.threads)
-    except LessonError:
+    except (LessonError, MissingPackageError):
         raise
     except Exception as exc:
         where = where_in_student_code(exc, str(path))

@@ -50,6 +50,8 @@ def test_the_default_path_imports_no_optional_package(tmp_path):
     (["torch"], ["generate", "Hi", "--runner", "torch", "--max-tokens", "1"], "torch"),
     (["torch"], ["bench", "latency", "--runner", "torch"], "torch"),
     (["uvicorn", "starlette"], ["serve", "--port", "0"], "serve"),
+    (["torch"], ["lesson", "run", "12", "--quick", "--solution"], "torch"),
+    (["torch"], ["lesson", "check", "12", "--solution"], "torch"),
 ])
 def test_a_missing_extra_is_one_clear_line(packages, argv, extra):
     done = without(packages, argv)

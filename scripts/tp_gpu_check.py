@@ -219,7 +219,7 @@ def profile(model: Any, out: Path, steps: int = 20) -> tuple[dict, Any]:
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     gpu = sum(e.self_device_time_total for e in kernels) / steps / 1e3  # ms per step
     nccl = sum(e.self_device_time_total for e in kernels if "nccl" in e.key.lower()) / steps / 1e3
-    tp = int(getattr(model.runner, "tensor_parallel", 1))
+    tp = int(model.runner.info.tensor_parallel)
     (out / f"profile_tp{tp}.txt").write_text(events.table(sort_by="self_device_time_total", row_limit=40))
     return {"wall_ms_per_step": 1e3 * wall, "gpu_kernel_ms_per_step": gpu, "nccl_kernel_ms_per_step": nccl,
             "gpu_idle_ms_per_step": 1e3 * wall - gpu, "timings_of_last_step": {**(last := engine.step()).timings, **last.rank_timings}}, model

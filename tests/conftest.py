@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,16 @@ def runner_name(request) -> str:
 def anyio_backend() -> str:
     """Async tests (Textual's pilot) run on asyncio only."""
     return "asyncio"
+
+
+# Ctrl-C in a terminal reaches a program whose SIGINT is not ignored. A test run started in the
+# background by a shell without job control ignores SIGINT, and its children would inherit
+# that: a child that a test interrupts first puts Python's own SIGINT handler back.
+INTERRUPTIBLE = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
+def interruptible_tinyinfer(*args: str) -> list[str]:
+    """The command line of `python -m tinyinfer ARGS` in a child that SIGINT interrupts."""
+    run = "import runpy; runpy.run_module('tinyinfer', run_name='__main__', alter_sys=True)"
+    return [sys.executable, "-c", INTERRUPTIBLE + run, *args]
+

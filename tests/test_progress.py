@@ -5,8 +5,10 @@ from __future__ import annotations
 import io
 import os
 import pty
+import select
 import subprocess
 import sys
+import time
 
 from rich.console import Console
 
@@ -22,7 +24,11 @@ def run_with_terminal_stderr(command: list[str]) -> tuple[str, str]:
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=slave, env=env)
     os.close(slave)
     chunks = []
+    deadline = time.monotonic() + 300  # a hung child fails the test instead of hanging the run
     while True:
+        if not select.select([master], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            process.kill()
+            raise AssertionError("the command wrote nothing for 300 s")
         try:
             data = os.read(master, 4096)
         except OSError:  # the terminal closed: every writer has exited

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tinyinfer
+from tests.conftest import INTERRUPTIBLE
 from tests.held import HeldEngine
 from tinyinfer.serve.server import ServerConfig, ServerThread
 
@@ -256,7 +257,8 @@ def test_serve_command_starts_serves_and_stops_on_interrupt(text_model_folder):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    wiring = ("import argparse, sys; from tinyinfer.cli import serve as cli_serve\n"  # as tinyinfer.cli.commands does
+    wiring = (INTERRUPTIBLE +  # as in a terminal, whatever started this test run
+              "import argparse, sys; from tinyinfer.cli import serve as cli_serve\n"  # as tinyinfer.cli.commands does
               "parser = argparse.ArgumentParser(); cli_serve.add_parser(parser.add_subparsers())\n"
               "try: sys.exit(cli_serve.run(parser.parse_args(sys.argv[1:])))\n"
               "except KeyboardInterrupt: sys.exit(130)")

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import tinyinfer
+from tests.conftest import interruptible_tinyinfer
 from tinyinfer import SamplingParams, TinyInferError
 from tinyinfer.config import load_config
 from tinyinfer.model import BUNDLED, Model, with_tokenizer
@@ -374,7 +375,6 @@ def test_serve_with_tensor_parallel_answers_as_one_process_and_stops_its_workers
     import signal
     import socket
     import subprocess
-    import sys
     import time
     from pathlib import Path
 
@@ -384,8 +384,8 @@ def test_serve_with_tensor_parallel_answers_as_one_process_and_stops_its_workers
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tinyinfer", "serve", "--runner", "torch", "--tensor-parallel", "2",
-         "--port", str(port), "--served-model-name", "tp", "--log-level", "warning"],
+        interruptible_tinyinfer("serve", "--runner", "torch", "--tensor-parallel", "2", "--port",
+                                str(port), "--served-model-name", "tp", "--log-level", "warning"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -466,3 +466,19 @@ def test_a_worker_dying_mid_step_fails_that_step_cleanly_and_every_later_one():
             engine.step()
     finally:
         tp.runner.close()
+
+
+def test_closing_a_cpu_split_gives_this_process_its_threads_back():
+    import torch
+
+    from tinyinfer.runners import threads
+
+    threads.use(4)  # each CPU rank, rank 0 included, takes a share: 2 of these 4
+    try:
+        for _ in range(2):
+            tp = tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu")
+            assert torch.get_num_threads() == 2
+            tp.runner.close()
+            assert torch.get_num_threads() == 4  # not halved again by the next load
+    finally:
+        threads.use(1)  # as tests/conftest.py set it

@@ -62,14 +62,18 @@ def test_default_without_environment_is_physical_cores_capped(monkeypatch):
     count = threads.default_threads()
     assert count == min(threads.physical_cores(), threads.DEFAULT_CAP)
     assert 1 <= count <= len(threads.usable_cpus())
+    monkeypatch.setattr(threads, "physical_cores", lambda: 20)  # a big machine: capped
+    assert threads.default_threads() == threads.DEFAULT_CAP
 
 
 def test_hyperthread_siblings_count_once(tmp_path):
-    # Every logical CPU of this process maps to a sibling list; a core is counted once however
-    # many of its logical CPUs are usable.
-    cpus = threads.usable_cpus()
-    assert threads.physical_cores(cpus) <= len(cpus)
-    assert threads.physical_cores({min(cpus)}) == 1
+    # Four logical CPUs on two cores, as Linux describes them: cpu0 and cpu2 share a core.
+    for cpu, siblings in {0: "0,2", 1: "1,3", 2: "0,2", 3: "1,3"}.items():
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(siblings + "\n")
+    assert threads.physical_cores({0, 1, 2, 3}, tmp_path) == 2
+    assert threads.physical_cores({0, 2}, tmp_path) == 1
+    assert threads.physical_cores({0, 1, 2, 3}, tmp_path / "missing") == 4  # unknown: logical CPUs
 
 
 @pytest.mark.parametrize("bad", ["0", "two"])

@@ -124,7 +124,9 @@ class Engine:
                           if isinstance(drafter, DraftModelDrafter) else None)
         runner = model.runner
         runner.capture_attention = config.detail == "full"
-        self.page_bytes = model.config.kv_bytes_per_token(runner.info.itemsize) * config.page_size
+        info = runner.info
+        self.page_bytes = model.config.kv_bytes_per_token(info.itemsize) * config.page_size
+        self._rank_shares = info.rank_shares  # fixed for the runner's life: read once, not per step
         num_pages = config.num_pages if config.num_pages is not None else self._default_num_pages()
         self.pool = PagePool(num_pages, config.page_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
@@ -477,7 +479,7 @@ class Engine:
             cached_pages=tuple(p.page_id for p in snap.pages if p.cached),
             page_bytes=self.page_bytes, prefix_hits=snap.prefix_hits,
             prefix_queries=snap.prefix_queries,
-            ranks=self.model.runner.info.rank_shares,  # tensor parallelism (one rank: empty)
+            ranks=self._rank_shares,  # tensor parallelism (one rank: empty)
         )
 
     def seq_id(self, request_id: str) -> int:

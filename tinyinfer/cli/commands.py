@@ -253,7 +253,7 @@ def make_drafter(args: argparse.Namespace):
         return PromptLookupDrafter()
     if args.speculative == "draft":
         draft = tinyinfer.load(args.draft_model, runner=args.runner, device=args.device,
-                               dtype=args.dtype, quantize=getattr(args, "quantize", None))
+                               dtype=args.dtype, quantize=args.quantize)
         return DraftModelDrafter(draft)
     return None
 

@@ -12,6 +12,7 @@ each bar disappears when its work is done.
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
@@ -53,6 +54,9 @@ def hidden() -> Iterator[None]:
 def task(description: str, total: int | None = None) -> Iterator[Callable[[float], None]]:
     """A bar for one piece of work; yields ``advance(n=1)``. ``total=None``: a spinner and a count."""
     global _active
+    if threading.current_thread() is not threading.main_thread():  # the one display is the main thread's
+        yield lambda n=1: None
+        return
     if _active is not None:  # nested: one more line in the running display
         yield from _task_on(_active, description, total)
         return
@@ -60,7 +64,8 @@ def task(description: str, total: int | None = None) -> Iterator[Callable[[float
     display = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                        MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("left"),
                        TimeRemainingColumn(), console=console, transient=True,
-                       disable=not console.is_terminal)
+                       disable=not console.is_terminal,
+                       redirect_stdout=False, redirect_stderr=False)  # results stay on stdout
     with display:
         _active = display
         try:

@@ -33,12 +33,15 @@ def usable_cpus() -> set[int]:
         return set(range(os.cpu_count() or 1))
 
 
-def physical_cores(cpus: set[int] | None = None) -> int:
+SYSFS_CPUS = Path("/sys/devices/system/cpu")
+
+
+def physical_cores(cpus: set[int] | None = None, sysfs: Path = SYSFS_CPUS) -> int:
     """Physical cores among ``cpus`` (hyper-thread siblings count once), where Linux tells."""
     cpus = usable_cpus() if cpus is None else cpus
     cores = set()
     for cpu in cpus:
-        siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        siblings = sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list"
         try:
             cores.add(siblings.read_text().strip())
         except OSError:

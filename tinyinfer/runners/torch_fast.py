@@ -183,7 +183,12 @@ class TorchRunner:
         if batch.num_tokens == batch.num_seqs and self.compile and not self._announced_compile:
             self._announce_compile()
             with progress.task("torch.compile: first decode step"):  # a spinner: one long call
-                return self._device_logits(batch, kv_cache)
+                return self._graph_or_step(batch, kv_cache)
+        return self._graph_or_step(batch, kv_cache)
+
+    def _graph_or_step(self, batch: Batch, kv_cache: TorchKVCache) -> Tensor:
+        # Not through _device_logits again: a subclass (a tensor-parallel shard) wraps that one,
+        # and must see each step once.
         graphs = self._decode_graphs(batch, kv_cache)
         if graphs is not None:
             size = graphs.padded_size(batch.num_seqs)

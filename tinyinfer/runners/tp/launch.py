@@ -95,8 +95,15 @@ def _spec(config: ModelConfig, path: Path | None, world: int, device: str | None
 def _launch(spec: LaunchSpec, startup_timeout: float) -> TensorParallelRunner:
     """Start the workers, build rank 0's shard, join the group; rank 0's runner drives the rest."""
     workers = _Workers.start(spec)
-    if spec.threads is not None:
+    own_threads = torch.get_num_threads()
+    if spec.threads is not None:  # on the CPU rank 0 takes its share too, until close()
         threads.use(spec.threads)
+
+    def stop() -> None:
+        workers.stop()
+        if spec.threads is not None:
+            threads.use(own_threads)
+
     try:
         with progress.task(f"tensor parallel: ranks ready (of {spec.world})", total=spec.world) as advance:
             shard = _build_shard(spec, 0)
@@ -104,9 +111,9 @@ def _launch(spec: LaunchSpec, startup_timeout: float) -> TensorParallelRunner:
             workers.wait_ready(startup_timeout, on_ready=advance)
         _join_group(spec, 0)
     except BaseException:
-        workers.stop()
+        stop()
         raise
-    runner = TensorParallelRunner(shard, workers.conns, workers_alive=workers.alive, on_close=workers.stop)
+    runner = TensorParallelRunner(shard, workers.conns, workers_alive=workers.alive, on_close=stop)
     atexit.register(runner.close)
     return runner
 
@@ -153,7 +160,8 @@ def _worker_main(spec: LaunchSpec, rank: int, ready: Any, conn: Connection) -> N
     ready.put((rank, None))
     _join_group(spec, rank)
     try:
-        serve_worker(shard, conn)
+        with progress.hidden():  # rank 0 draws the bars; workers share its terminal
+            serve_worker(shard, conn)
     finally:
         dist.destroy_process_group()
 

@@ -13,7 +13,7 @@ all_reduce_tp2 / _tp4: the cost of one NCCL all-reduce by message size, eager an
 from a CUDA graph: the simulator's link latency and bandwidth.
 
 llama3_8b_tp1 / _tp2 / _tp4 (/ _tp4_no_graphs, _tp2_untimed, _tp2_no_mixing), llama2_70b_tp4: batch-1 decode
-through ``bench_shapes.bench_latency`` (prompt 512, 128 tokens), the 70B shape at TP=4 only.
+through ``tinyinfer.bench.shapes.bench_latency`` (prompt 512, 128 tokens), the 70B shape at TP=4 only.
 
 profile_8b_tp1 / _tp2: torch.profiler over 20 decode steps on rank 0 — GPU kernel time, NCCL
 kernel time and GPU idle time per step, and the kernel table in DIR/profile_tp<N>.txt.

@@ -7,7 +7,7 @@
     GET  /metrics               Prometheus text: requests, tokens, TTFT / TPOT, pages, cache
 
 Handlers parse and check the body (server_schemas), turn it into token ids and sampling
-params, and hand a job to the engine thread (server_loop); they never touch the engine.
+params, and hand a job to the engine thread (serve/loop.py); they never touch the engine.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import time
 from typing import Callable, Sequence
 
 from tinyinfer.display import progress
+from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.simulate.calibrate import (
     DEVICE_PRESETS,
     Calibration,
@@ -140,7 +141,7 @@ def _run_case(case: CalibrationCase, runner: object, seed: int) -> EngineTiming:
     config = case.model.config
     model = Model(config=config, runner=runner, path=Path("."),  # type: ignore[arg-type]
                   name=case.model.name)
-    pages_per_seq = -(-(case.prompt_tokens + case.output_tokens) // 16)
+    pages_per_seq = -(-(case.prompt_tokens + case.output_tokens) // DEFAULTS.page_size)
     engine = Engine(model, num_pages=case.batch * pages_per_seq + 1, max_num_seqs=case.batch,
                     max_num_batched_tokens=max(512, case.batch * case.prompt_tokens),
                     enable_prefix_caching=False)

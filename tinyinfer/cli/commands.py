@@ -142,8 +142,11 @@ def _bench_shapes(args: argparse.Namespace) -> int:
     if args.preset:
         if args.quantize:
             raise TinyInferError("--preset builds random bf16/fp32 weights: --quantize does not apply to it")
-        device = args.device or _default_device()
-        dtype = args.dtype or _default_dtype(device)
+        from tinyinfer.runners.torch_weights import pick_device, pick_dtype
+
+        chosen = pick_device(args.device)  # checks a given device; else CUDA where present
+        device = args.device or chosen.type
+        dtype = args.dtype or str(pick_dtype(None, chosen.type == "cuda")).removeprefix("torch.")
         if args.tensor_parallel > 1:
             model, peer = bs.shape_tensor_parallel(args.preset, args.tensor_parallel, device, dtype), None
         else:
@@ -195,16 +198,6 @@ def _bench_speculative(model, args: argparse.Namespace):
           f"{100 * result.acceptance_rate:.0f}%, {result.mean_accepted:.2f} accepted per verify, "
           f"identical output: {result.identical}")
     return result
-
-
-def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _default_dtype(device: str) -> str:
-    return "bfloat16" if device.startswith("cuda") else "float32"
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

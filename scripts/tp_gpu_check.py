@@ -65,9 +65,8 @@ class Report:
         self.data[f"{name}_seconds"] = round(time.perf_counter() - t, 1)
         print(name, json.dumps(result, indent=1)[:3000], flush=True)
         self.path.write_text(json.dumps(self.data, indent=2))
-        close = getattr(getattr(model, "runner", None), "close", None)
-        if close is not None:
-            close()
+        if model is not None:
+            model.runner.close()
 
 
 # ---------------------------------------------------------------- correctness

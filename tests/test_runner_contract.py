@@ -31,7 +31,7 @@ def protocol_members() -> set[str]:
 
 def test_the_protocol_declares_what_the_engine_uses():
     assert protocol_members() == {"config", "name", "capture_attention", "last_attention", "last_timings",
-                                  "info", "new_kv_cache", "forward", "forward_top", "copy_page"}
+                                  "info", "new_kv_cache", "forward", "forward_top", "copy_page", "close"}
 
 
 @pytest.fixture(scope="module")

@@ -151,7 +151,11 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
         except ModuleNotFoundError as exc:
             raise missing_package(exc) or exc from None
         ranks = start_ranks(config, path, tensor_parallel, device, dtype, **runner_options)
-        return with_tokenizer(path, name, config, ranks)
+        try:
+            return with_tokenizer(path, name, config, ranks)
+        except BaseException:  # no Model to close them later: end the rank processes now
+            ranks.close()
+            raise
     weights, quantization, quant_errors = _load_weights(path, config, quantize, lazy=runner == "torch",
                                                         measure_error=measure_error)
     if runner == "numpy":

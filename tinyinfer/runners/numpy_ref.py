@@ -204,6 +204,9 @@ class NumpyRunner:
             page_size=page_size,
         )
 
+    def close(self) -> None:
+        """Nothing outlives this runner: it runs in this process alone."""
+
     def copy_page(self, kv_cache: NumpyKVCache, src: int, dst: int) -> None:
         for layer in range(self.config.num_layers):
             kv_cache.k[layer][dst] = kv_cache.k[layer][src]

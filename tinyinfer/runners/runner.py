@@ -177,3 +177,7 @@ class ModelRunner(Protocol):
 
     def copy_page(self, kv_cache: Any, src: int, dst: int) -> None:
         """Copy one page's K/V (all layers), for sequences forked from a shared prefix."""
+
+    def close(self) -> None:
+        """Release what outlives the object: a tensor-parallel runner's worker processes. Safe to
+        call twice; nothing to do for a runner of one process."""

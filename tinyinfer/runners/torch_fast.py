@@ -162,6 +162,10 @@ class TorchRunner:
                             v=torch.zeros(shape, dtype=self.dtype, device=self.device),
                             page_size=page_size)
 
+    def close(self) -> None:
+        """Nothing outlives this runner: it runs in this process alone (a shard's group is the
+        tensor-parallel runner's to close)."""
+
     def copy_page(self, kv_cache: TorchKVCache, src: int, dst: int) -> None:
         kv_cache.k[:, dst].copy_(kv_cache.k[:, src])
         kv_cache.v[:, dst].copy_(kv_cache.v[:, src])

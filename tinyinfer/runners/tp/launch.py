@@ -99,8 +99,8 @@ def _launch(spec: LaunchSpec, startup_timeout: float) -> TensorParallelRunner:
     if spec.threads is not None:  # on the CPU rank 0 takes its share too, until close()
         threads.use(spec.threads)
 
-    def stop() -> None:
-        workers.stop()
+    def stop(timeout: float = 30.0) -> None:
+        workers.stop(timeout)
         if spec.threads is not None:
             threads.use(own_threads)
 
@@ -111,7 +111,7 @@ def _launch(spec: LaunchSpec, startup_timeout: float) -> TensorParallelRunner:
             workers.wait_ready(startup_timeout, on_ready=advance)
         _join_group(spec, 0)
     except BaseException:
-        stop()
+        stop(timeout=0.0)  # the start failed: end the workers now, whatever they wait for
         raise
     runner = TensorParallelRunner(shard, workers.conns, workers_alive=workers.alive, on_close=stop)
     atexit.register(runner.close)

@@ -221,10 +221,13 @@ async def test_replay_steps_through_a_recorded_run(model, tmp_path):
 async def test_a_missing_model_says_why_on_the_loading_screen(tmp_path):
     app = TinyInferApp(Options(model=str(tmp_path / "nowhere")))
     async with app.run_test(size=(80, 24)) as pilot:
-        await settle(pilot)
-        await pilot.pause(0.1)
+        await settle(pilot, failures_expected=True)  # however far the load got by now
         screen = pilot.app.screen
         assert isinstance(screen, LoadingScreen)
+        for _ in range(50):  # the worker's end reaches the screen as a message: let it arrive
+            if "failed" in str(screen.query_one("#loading-text").render()):
+                break
+            await pilot.pause()
         assert "failed" in str(screen.query_one("#loading-text").render())
 
 

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from typing import Callable
 
+from textual.worker import WorkerFailed
+
 from tui.screens.run import RunScreen
 
 
-async def settle(pilot) -> None:
-    """Wait for engine workers and the redraws they cause."""
-    await pilot.app.workers.wait_for_complete()
+async def settle(pilot, failures_expected: bool = False) -> None:
+    """Wait for the workers to end, and for the redraws they cause. A worker that fails fails the
+    test, unless the test expects it (a load that fails is an outcome the screen shows)."""
+    for worker in list(pilot.app.workers):
+        try:
+            await worker.wait()
+        except WorkerFailed:
+            if not failures_expected:
+                raise
     await pilot.pause()
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import tinyinfer
 from tinyinfer.config import config_from_dict
 from tinyinfer.display.progress import track  # noqa: F401  (experiments count their loops with it)
-from tinyinfer.display.tables import table  # noqa: F401  (experiments print their results with it)
+from tinyinfer.display.tables import human_bytes, table  # noqa: F401  (experiments print with them)
 from tinyinfer.model import BUNDLED, Model
 from tinyinfer.runners.numpy_ref import NumpyRunner
 
@@ -68,15 +68,6 @@ def claim(claim_id: str, measured: str, agrees: bool | None, why: str = "") -> N
 def heading(text: str) -> None:
     """Print a section heading."""
     print(f"\n== {text} ==")
-
-
-def human_bytes(n: float) -> str:
-    """Bytes in decimal units (GB = 10^9 bytes, as the claims use)."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
 
 
 # ---------------------------------------------------------------- models and text

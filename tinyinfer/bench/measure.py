@@ -158,9 +158,9 @@ def _run_case(case: CalibrationCase, runner: object, seed: int) -> EngineTiming:
 
 def calibrate(device: str | None = None, cases: Sequence[CalibrationCase] | None = None) -> Calibration:
     """Measure the device and the engine on it; fit efficiencies; compare predictions."""
-    import torch
+    from tinyinfer.runners.torch_weights import pick_device
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or pick_device(None).type
     on_gpu = device.startswith("cuda")
     precision = "bf16" if on_gpu else "fp32"
     with progress.task(f"calibration: microbenchmarks on {device} ({precision})"):

@@ -19,6 +19,7 @@ from tinyinfer.cli.common import (
     positive_int,
     write_json,
 )
+from tinyinfer.display.tables import human_bytes
 from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import TinyInferError, missing_package
 from tinyinfer.runners import threads
@@ -251,14 +252,6 @@ def make_drafter(args: argparse.Namespace):
     return None
 
 
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
 def _stored_as(path) -> str:
     """What the checkpoint's files hold, by dtype, read from their headers (which also finds a
     missing, truncated or corrupt file before anything claims the model is fine)."""
@@ -274,7 +267,7 @@ def _stored_as(path) -> str:
         else:
             sizes[str(tensor.dtype)] += tensor.nbytes
     files = len(set(origin.values()))
-    return (", ".join(f"{dtype} {_human_bytes(n)}" for dtype, n in sizes.most_common())
+    return (", ".join(f"{dtype} {human_bytes(n)}" for dtype, n in sizes.most_common())
             + f" in {files} file{'s' * (files != 1)}")
 
 
@@ -302,12 +295,12 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("context", f"{c.max_model_len} tokens"),
         ("parameters", f"{params:,}"),
         ("stored as", stored),
-        *[(f"weights {r.format}", f"{_human_bytes(r.total_bytes)} "
+        *[(f"weights {r.format}", f"{human_bytes(r.total_bytes)} "
                                   f"({r.bits_per_parameter:.2f} bits/param)")
           for r in weight_memory_table(c)],
-        ("KV cache per token", f"{_human_bytes(c.kv_bytes_per_token(2))} at 16-bit, "
-                               f"{_human_bytes(c.kv_bytes_per_token(4))} at fp32"),
-        ("KV cache, full context", _human_bytes(c.kv_bytes_per_token(2) * c.max_model_len) + " at 16-bit"),
+        ("KV cache per token", f"{human_bytes(c.kv_bytes_per_token(2))} at 16-bit, "
+                               f"{human_bytes(c.kv_bytes_per_token(4))} at fp32"),
+        ("KV cache, full context", human_bytes(c.kv_bytes_per_token(2) * c.max_model_len) + " at 16-bit"),
     ]
     if saved is not None:
         rows.append(("quantized as", saved.name))

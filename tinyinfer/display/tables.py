@@ -29,3 +29,12 @@ def cell(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
+
+
+def human_bytes(n: float) -> str:
+    """Bytes in decimal units (GB = 10^9 bytes, as datasheets and the claims use)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"

@@ -13,10 +13,12 @@ from hypothesis import strategies as st
 from tinyinfer.config import config_from_dict
 from tinyinfer.quant import (GROUP_SIZES, QuantConfig, QuantizationError, codes_and_zeros, concat_out,
                              dequantize, dequantize_kv, error_histograms, format_memory_table, histogram,
-                             layer_error, memory_row, pack_int4, quantize, quantize_kv, unpack_int4,
+                             layer_error, memory_row, pack_int4, quantize, quantize_kv, stored_codes, unpack_int4,
                              weight_memory_table)
 
-FORMATS = [QuantConfig(8)] + [QuantConfig(4, g, sym) for g in GROUP_SIZES for sym in (True, False)]
+FORMATS = ([QuantConfig(8), QuantConfig(8, 32)]
+           + [QuantConfig(4, g, sym) for g in GROUP_SIZES for sym in (True, False)]
+           + [QuantConfig(4, 32, symmetric=False, minimum=True)])
 
 LLAMA_2_7B = {  # config.json of meta-llama/Llama-2-7b-hf
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
@@ -75,11 +77,16 @@ def test_round_trip_error_is_at_most_half_a_scale_step(w, fmt):
         assert qw.data.dtype == np.int8 and qw.data.shape == (out, n)
     else:
         assert qw.data.dtype == np.uint8 and qw.data.shape == (out, math.ceil(n / 2))
-    assert (qw.zeros is None) == fmt.symmetric
-    codes, zeros = codes_and_zeros(qw)
+    assert (qw.zeros is None) == (fmt.symmetric or fmt.minimum)
+    assert (qw.mins is None) == (not fmt.minimum)
     qmin, qmax = (-128, 127) if fmt.bits == 8 else (0, 15)
+    if fmt.minimum:
+        codes = stored_codes(qw)
+        assert np.all(qw.mins.astype(np.float32) <= np.minimum.reduceat(w, range(0, n, fmt.group_size), axis=1))
+    else:
+        codes, zeros = codes_and_zeros(qw)
+        assert zeros.min() >= qmin and zeros.max() <= qmax
     assert codes.min() >= qmin and codes.max() <= qmax
-    assert zeros.min() >= qmin and zeros.max() <= qmax
     error = np.abs(dequantize(qw) - w)
     bound = per_element_scale(qw) / 2
     assert np.all(error <= bound * (1 + 1e-5) + 1e-30)
@@ -173,15 +180,17 @@ def test_int4_defaults_to_groups_of_128():
     (dict(bits=3), "bits must be 8 or 4"),
     (dict(bits=4, group_size=16), "group size must be one of"),
     (dict(bits=4), "group size must be one of"),
-    (dict(bits=8, group_size=64), "per-output-channel"),
-    (dict(bits=8, symmetric=False), "per-output-channel"),
+    (dict(bits=8, group_size=16), "group size must be one of"),
+    (dict(bits=8, symmetric=False), "int8 is symmetric"),
+    (dict(bits=4, group_size=32, minimum=True), "asymmetric int4 only"),
+    (dict(bits=8, minimum=True), "asymmetric int4 only"),
 ])
 def test_bad_formats_say_what_to_use(kwargs, message):
     with pytest.raises(QuantizationError, match=message):
         QuantConfig(**kwargs)
 
 
-@pytest.mark.parametrize("name", ["int5", "int4-g48", "int4-g64-sym", "fp8", "int8-g32"])
+@pytest.mark.parametrize("name", ["int5", "int4-g48", "int4-g64-sym", "fp8", "int8-g48", "int8-asym"])
 def test_unknown_names_are_refused(name):
     with pytest.raises(QuantizationError):
         QuantConfig.parse(name)

@@ -26,7 +26,7 @@ from tinyinfer.runners.numpy_ref import NumpyRunner, linear
 from tinyinfer.weights import load_weights, read_safetensors
 
 PROMPT = [3, 17, 42, 5, 99, 1, 250, 7, 64, 128, 11, 300, 2, 45, 77, 190, 23]
-FORMATS = ["int8", "int4-g32", "int4-g64-asym", "int4-g128"]
+FORMATS = ["int8", "int4-g32", "int4-g64-asym", "int4-g128", "int8-g32", "int4-g32-min"]
 
 
 def run_quantize(*argv: str) -> int:
@@ -140,8 +140,10 @@ def test_bfloat16_floats_round_trip(oracle_model, tmp_path):
 
 def test_quantize_command_refuses_bad_requests(oracle_model, tmp_path):
     folder, _ = oracle_model("llama-gqa-untied")
-    with pytest.raises(QuantizationError, match="per-output-channel"):
-        run_quantize("--model", str(folder), "--bits", "8", "--group-size", "64", "-o", str(tmp_path / "a"))
+    with pytest.raises(QuantizationError, match="int8 is symmetric"):
+        run_quantize("--model", str(folder), "--bits", "8", "--asymmetric", "-o", str(tmp_path / "a"))
+    with pytest.raises(QuantizationError, match="asymmetric int4 only"):
+        run_quantize("--model", str(folder), "--bits", "8", "--minimum", "-o", str(tmp_path / "a"))
     with pytest.raises(QuantizationError, match="group size must be one of"):
         run_quantize("--model", str(folder), "--bits", "4", "--group-size", "48", "-o", str(tmp_path / "b"))
     (tmp_path / "full").mkdir()

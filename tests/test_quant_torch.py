@@ -11,7 +11,7 @@ from tinyinfer.quant import QuantConfig, dequantize, quantize
 from tinyinfer.runners import torch_layers as layers
 
 PROMPT = [3, 17, 42, 5, 99, 1, 250, 7, 64, 128, 11, 300, 2, 45, 77, 190, 23]
-FORMATS = ["int8", "int4-g32", "int4-g64-asym", "int4-g128"]
+FORMATS = ["int8", "int4-g32", "int4-g64-asym", "int4-g128", "int8-g32", "int4-g32-min"]
 
 
 def relative(ours: np.ndarray, ref: np.ndarray) -> float:
@@ -31,9 +31,12 @@ def matmul_case(out: int, n: int, fmt: str, dtype: torch.dtype = torch.float32):
     ("int8", (24, 40), layers.Int8Weight),
     ("int4-g32", (32, 96), layers.Int4Weight),  # whole groups, rows a multiple of 16: the kernel
     ("int4-g64-asym", (48, 128), layers.Int4Weight),
-    ("int4-g32", (24, 96), layers.Int4GroupWeight),  # rows not a multiple of 16
-    ("int4-g64", (32, 160), layers.Int4GroupWeight),  # ragged last group
-    ("int4-g128-asym", (16, 77), layers.Int4GroupWeight),  # odd width
+    ("int4-g32-min", (32, 96), layers.Int4Weight),  # GGUF's Q4_1: the kernel's own float zero
+    ("int4-g32", (24, 96), layers.GroupWeight),  # rows not a multiple of 16
+    ("int4-g64", (32, 160), layers.GroupWeight),  # ragged last group
+    ("int4-g128-asym", (16, 77), layers.GroupWeight),  # odd width
+    ("int4-g32-min", (24, 96), layers.GroupWeight),
+    ("int8-g32", (24, 96), layers.GroupWeight),  # GGUF's Q8_0: no torch kernel takes groups
 ])
 def test_each_matmul_path_computes_the_dequantized_product(fmt, shape, kind):
     x, weight, expected = matmul_case(*shape, fmt)

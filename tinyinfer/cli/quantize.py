@@ -36,12 +36,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     # the model's old place, a positional argument: kept working, hidden from --help
     parser.add_argument("model", nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument("--bits", type=int, required=True, choices=(8, 4),
-                        help="8 = int8 per output channel; 4 = int4 in groups")
+                        help="8 = int8 (per output channel, or in groups); 4 = int4 in groups")
     parser.add_argument("--group-size", type=int, default=None,
                         help="inputs sharing one scale, 32, 64 or 128 (default: 128 for int4; "
-                             "int8 has one scale per output channel)")
-    parser.add_argument("--asymmetric", action="store_true",
+                             "one scale per output channel for int8)")
+    offset = parser.add_mutually_exclusive_group()
+    offset.add_argument("--asymmetric", action="store_true",
                         help="int4 only: give each group a zero point as well as a scale")
+    offset.add_argument("--minimum", action="store_true",
+                        help="int4 only: give each group a float16 minimum as well as a scale "
+                             "(GGUF's Q4_1 layout)")
     parser.add_argument("-o", "--output", required=True, metavar="FOLDER",
                         help="folder to write (must not exist or be empty)")
     return parser
@@ -50,7 +54,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def quant_config_from_args(args: argparse.Namespace) -> QuantConfig:
     """The QuantConfig the flags name (int4 defaults to groups of 128)."""
     group = args.group_size if args.group_size is not None or args.bits == 8 else 128
-    return QuantConfig(bits=args.bits, group_size=group, symmetric=not args.asymmetric)
+    return QuantConfig(bits=args.bits, group_size=group,
+                       symmetric=not (args.asymmetric or args.minimum), minimum=args.minimum)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,7 +3,7 @@
 `quantize_weights` quantizes a runner's weight dict as a model loads (`tinyinfer.load(...,
 quantize="int8")`). `save_quantized` writes it as a folder `tinyinfer.load` reads back with
 `load_quantized`: ``model.safetensors`` holding each linear weight as ``name.qdata`` (codes),
-``name.scales`` and, asymmetric int4 only, ``name.zeros``, next to ``quantization.json``, which
+``name.scales`` and, asymmetric int4 only, ``name.zeros`` (or ``name.mins``), next to ``quantization.json``, which
 names the format (`read_quant_config`). The formats themselves are in `tinyinfer.quant.formats`.
 """
 
@@ -40,7 +40,7 @@ def save_quantized(folder: str | Path, weights: dict[str, np.ndarray | Quantized
     """Write quantized weights as `model.safetensors` + `quantization.json` (runner names).
 
     A QuantizedWeight ``name`` is stored as ``name.qdata``, ``name.scales`` and (asymmetric)
-    ``name.zeros``; other arrays as ``name`` in `float_dtype`: float32, float16 or bfloat16.
+    ``name.zeros`` or ``name.mins``; other arrays as ``name`` in `float_dtype`: float32, float16 or bfloat16.
     """
     if float_dtype not in ("float32", "float16", "bfloat16"):
         raise QuantizationError(f"float_dtype must be float32, float16 or bfloat16, got {float_dtype}")
@@ -54,6 +54,8 @@ def save_quantized(folder: str | Path, weights: dict[str, np.ndarray | Quantized
             tensors[f"{name}.scales"] = value.scales
             if value.zeros is not None:
                 tensors[f"{name}.zeros"] = value.zeros
+            if value.mins is not None:
+                tensors[f"{name}.mins"] = value.mins
         else:
             floats[name] = np.asarray(value, dtype=np.float32)
     for name, value in floats.items():
@@ -76,7 +78,7 @@ def read_quant_config(folder: str | Path) -> QuantConfig | None:
         if meta.get("format") != FORMAT:
             raise CheckpointError(f"{path} is not a tinyinfer quantization config ({FORMAT})")
         return QuantConfig(bits=int(meta["bits"]), group_size=meta["group_size"],
-                           symmetric=bool(meta["symmetric"]))
+                           symmetric=bool(meta["symmetric"]), minimum=bool(meta.get("minimum", False)))
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, QuantizationError) as exc:
         raise CheckpointError(f"{path} is corrupt ({exc}): re-run tinyinfer quantize") from exc
 
@@ -113,9 +115,12 @@ def load_quantized(folder: str | Path, model: ModelConfig
         else:
             data = take(f"{name}.qdata", (out, math.ceil(n / 2)), np.uint8)
         scales = take(f"{name}.scales", (out, groups), np.float16)
-        zeros = None if qconfig.symmetric else take(f"{name}.zeros", (out, math.ceil(groups / 2)), np.uint8)
-        weights[name] = QuantizedWeight(np.asarray(data), np.asarray(scales),
-                                        None if zeros is None else np.asarray(zeros), n, qconfig)
+        zeros = mins = None
+        if qconfig.minimum:
+            mins = np.asarray(take(f"{name}.mins", (out, groups), np.float16))
+        elif not qconfig.symmetric:
+            zeros = np.asarray(take(f"{name}.zeros", (out, math.ceil(groups / 2)), np.uint8))
+        weights[name] = QuantizedWeight(np.asarray(data), np.asarray(scales), zeros, n, qconfig, mins)
     extra = sorted(set(tensors) - used)
     if extra:
         raise CheckpointError(f"unexpected tensor(s) {extra[:5]} in {folder}: the quantized checkpoint "

@@ -5,10 +5,13 @@ output row, a float16 *scale* (and for asymmetric int4 an integer *zero point*):
 
     weight ≈ (code - zero) * scale
 
-* int8: one group per output row (per-output-channel), codes in [-128, 127], zero 0.
+* int8: one group per output row (per-output-channel) or groups of 32 / 64 / 128 inputs
+  (GGUF's Q8_0 is int8-g32), codes in [-128, 127], zero 0.
 * int4: groups of 32 / 64 / 128 inputs (the last group of a row may be shorter), two codes
   packed per byte. Symmetric: codes in [-8, 7], stored as nibbles code + 8 (zero 8).
   Asymmetric: codes in [0, 15] with a zero point per group, itself packed as a nibble.
+  With a minimum ("-min", GGUF's Q4_1): codes in [0, 15] and a float16 *minimum* per group
+  in place of the zero point, so weight = code * scale + minimum (zero need not be on the grid).
 
 Every scale is the smallest float16 whose grid covers the group's range, so each weight is
 off by at most half a scale step. Only the transformer blocks' linear layers are quantized
@@ -36,6 +39,7 @@ GROUP_SIZES = (32, 64, 128)
 LINEAR_NAMES = ("q", "k", "v", "o", "gate", "up", "down", "fc", "proj")
 SCALE_BYTES = 2  # one float16 scale per group
 ZERO_POINT_BYTES = 0.5  # asymmetric int4: one 4-bit zero point per group, two to a byte
+MIN_BYTES = 2  # int4 with a minimum: one float16 minimum per group
 
 
 class QuantizationError(TinyInferError):
@@ -53,45 +57,51 @@ def is_quantized_name(name: str) -> bool:
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """A weight format: bits, group size (int4) and whether int4 groups carry zero points."""
+    """A weight format: bits, group size, and whether int4 groups carry zero points or minimums."""
 
     bits: int
-    group_size: int | None = None  # int4 only; int8 always uses one group per output row
+    group_size: int | None = None  # None: one group per output row (int8 only)
     symmetric: bool = True
+    minimum: bool = False  # asymmetric int4 storing a float16 minimum per group (GGUF's Q4_1)
 
     def __post_init__(self) -> None:
         if self.bits not in BITS:
             raise QuantizationError(f"bits must be 8 or 4, got {self.bits}")
-        if self.bits == 8 and (self.group_size is not None or not self.symmetric):
-            raise QuantizationError("int8 is per-output-channel and symmetric: drop the group size "
-                                    "and --asymmetric, or use --bits 4")
-        if self.bits == 4 and self.group_size not in GROUP_SIZES:
-            raise QuantizationError(f"int4 group size must be one of {GROUP_SIZES}, "
+        if self.minimum and (self.symmetric or self.bits == 8):
+            raise QuantizationError("a per-group minimum belongs to asymmetric int4 only")
+        if self.bits == 8 and not self.symmetric:
+            raise QuantizationError("int8 is symmetric: drop --asymmetric, or use --bits 4")
+        if self.group_size not in GROUP_SIZES and (self.bits == 4 or self.group_size is not None):
+            raise QuantizationError(f"the group size must be one of {GROUP_SIZES}"
+                                    f"{' (or none: per row)' if self.bits == 8 else ''}, "
                                     f"got {self.group_size}")
 
     @property
     def name(self) -> str:
-        """Short name: int8, int4-g128, int4-g64-asym."""
-        if self.bits == 8:
-            return "int8"
-        return f"int4-g{self.group_size}" + ("" if self.symmetric else "-asym")
+        """Short name: int8, int8-g32, int4-g128, int4-g64-asym, int4-g32-min."""
+        group = "" if self.group_size is None else f"-g{self.group_size}"
+        offset = "-min" if self.minimum else "" if self.symmetric else "-asym"
+        return f"int{self.bits}{group}{offset}"
 
     @classmethod
     def parse(cls, name: str) -> QuantConfig:
-        """Read a short name back: 'int8', 'int4' (= int4-g128), 'int4-g64', 'int4-g32-asym'."""
+        """Read a short name back: 'int8', 'int8-g32', 'int4' (= int4-g128), 'int4-g64',
+        'int4-g32-asym', 'int4-g32-min'."""
         parts = name.strip().lower().split("-")
         try:
-            if parts == ["int8"]:
-                return cls(bits=8)
+            if parts[0] == "int8" and len(parts) <= 2:
+                return cls(bits=8, group_size=int(parts[1].removeprefix("g")) if len(parts) > 1 else None)
             if parts[0] == "int4" and len(parts) <= 3:
                 group = int(parts[1].removeprefix("g")) if len(parts) > 1 else 128
-                if len(parts) == 3 and parts[2] != "asym":
-                    raise ValueError(parts[2])
-                return cls(bits=4, group_size=group, symmetric=len(parts) < 3)
+                offset = parts[2] if len(parts) == 3 else ""
+                if offset not in ("", "asym", "min"):
+                    raise ValueError(offset)
+                return cls(bits=4, group_size=group, symmetric=not offset, minimum=offset == "min")
         except ValueError:
             pass
-        raise QuantizationError(f"unknown quantization {name}: use int8, int4, int4-g32, int4-g64, "
-                                "int4-g128, optionally with -asym for int4 (e.g. int4-g64-asym)")
+        raise QuantizationError(f"unknown quantization {name}: use int8, int8-g32, int4, int4-g32, "
+                                "int4-g64, int4-g128, optionally with -asym or -min for int4 "
+                                "(e.g. int4-g64-asym)")
 
     @property
     def code_range(self) -> tuple[int, int]:
@@ -104,19 +114,24 @@ class QuantConfig:
         """Bytes of an [out, in] weight in this format: (codes, scales + zero points)."""
         groups = math.ceil(in_features / (self.group_size or in_features))
         codes = out * (in_features if self.bits == 8 else math.ceil(in_features / 2))
-        zeros = 0 if self.symmetric else out * math.ceil(groups * ZERO_POINT_BYTES)
+        if self.minimum:
+            zeros = out * groups * MIN_BYTES
+        else:
+            zeros = 0 if self.symmetric else out * math.ceil(groups * ZERO_POINT_BYTES)
         return codes, out * groups * SCALE_BYTES + zeros
 
 
 @dataclass(frozen=True, eq=False)
 class QuantizedWeight:
-    """A linear layer's [out, in] weight as integer codes plus float16 scales (and zero points)."""
+    """A linear layer's [out, in] weight as integer codes plus float16 scales (and zero points
+    or minimums)."""
 
     data: np.ndarray  # int8 [out, in], or uint8 [out, ceil(in / 2)]: two int4 nibbles per byte
-    scales: np.ndarray  # float16 [out, groups]; int8 has one group per row
+    scales: np.ndarray  # float16 [out, groups]; per-row int8 has one group per row
     zeros: np.ndarray | None  # uint8 [out, ceil(groups / 2)] packed zero points (asymmetric int4)
     in_features: int
     config: QuantConfig
+    mins: np.ndarray | None = None  # float16 [out, groups] minimums (int4 "-min" only)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -133,7 +148,7 @@ class QuantizedWeight:
     @property
     def nbytes(self) -> int:
         """Bytes held: codes, scales and zero points."""
-        return self.data.nbytes + self.scales.nbytes + (0 if self.zeros is None else self.zeros.nbytes)
+        return sum(a.nbytes for a in (self.data, self.scales, self.zeros, self.mins) if a is not None)
 
 
 def pack_int4(codes: np.ndarray) -> np.ndarray:
@@ -180,6 +195,8 @@ def quantize(weight: np.ndarray, config: QuantConfig) -> QuantizedWeight:
     out, n = w.shape
     group = config.group_size or n
     starts = np.arange(0, n, group)  # first input of each group
+    if config.minimum:
+        return _quantize_with_minimum(w, config, starts)
     # The grid must hold zero exactly (padding, ReLU-like zeros), so each range includes it.
     lo = np.minimum(np.minimum.reduceat(w, starts, axis=1), 0.0)  # [out, groups]
     hi = np.maximum(np.maximum.reduceat(w, starts, axis=1), 0.0)
@@ -202,8 +219,44 @@ def quantize(weight: np.ndarray, config: QuantConfig) -> QuantizedWeight:
     return QuantizedWeight(pack_int4(codes), scale, pack_int4(zero), n, config)
 
 
+def _quantize_with_minimum(w: np.ndarray, config: QuantConfig, starts: np.ndarray) -> QuantizedWeight:
+    """int4 codes 0..15 above each group's float16 minimum: weight ≈ code * scale + minimum."""
+    out, n = w.shape
+    lo = np.minimum.reduceat(w, starts, axis=1)  # [out, groups]
+    hi = np.maximum.reduceat(w, starts, axis=1)
+    with np.errstate(over="ignore"):
+        mins = lo.astype(np.float16)
+    high = mins.astype(np.float32) > lo  # round the minimum *down*, so the grid still covers lo
+    mins[high] = np.nextafter(mins[high], np.float16(-np.inf))
+    scale = _float16_scale((hi - mins.astype(np.float32)) / 15)
+    s = _per_element(scale.astype(np.float32), config.group_size, n)  # [out, in]
+    m = _per_element(mins.astype(np.float32), config.group_size, n)
+    steps = np.divide(w - m, s, out=np.zeros_like(w), where=s > 0)
+    codes = np.clip(np.round(steps), 0, 15).astype(np.int32)
+    return QuantizedWeight(pack_int4(codes), scale, None, n, config, mins)
+
+
+def stored_codes(qw: QuantizedWeight) -> np.ndarray:
+    """The codes as stored, [out, in] int32: signed for int8, the nibble 0..15 for int4."""
+    if qw.config.bits == 8:
+        return qw.data.astype(np.int32)
+    return unpack_int4(qw.data, qw.in_features).astype(np.int32)
+
+
+def group_offsets(qw: QuantizedWeight) -> np.ndarray:
+    """Each group's offset, float32 [out, groups], so that weight = stored code * scale + offset:
+    minus the zero point's worth of scales, or the stored minimum."""
+    if qw.mins is not None:
+        return qw.mins.astype(np.float32)
+    _, zeros = codes_and_zeros(qw)
+    return -zeros.astype(np.float32) * qw.scales.astype(np.float32)
+
+
 def codes_and_zeros(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray]:
     """Stored codes [out, in] and zero points [out, groups], so that weight = (code - zero) * scale."""
+    if qw.config.minimum:
+        raise QuantizationError(f"{qw.config.name} stores a float minimum per group, not an integer "
+                                "zero point: use stored_codes and group_offsets")
     out, n = qw.shape
     if qw.config.bits == 8:
         return qw.data.astype(np.int32), np.zeros((out, qw.num_groups), np.int32)
@@ -214,15 +267,15 @@ def codes_and_zeros(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray]:
 
 
 def dequantize(qw: QuantizedWeight) -> np.ndarray:
-    """Back to float32: (code - zero) * scale, each group with its own scale.  -> [out, in].
+    """Back to float32: code * scale + offset, each group with its own scale.  -> [out, in].
 
-    The products are exact in float32 (a 9-bit integer times an 11-bit float16 mantissa).
+    With a zero point this is exactly (code - zero) * scale in float32: both products are exact
+    (a 9-bit integer times an 11-bit float16 mantissa) and so is their sum, itself such a product.
     """
-    codes, zeros = codes_and_zeros(qw)
     n, g = qw.in_features, qw.group_size
-    z = _per_element(zeros, g, n)
     s = _per_element(qw.scales.astype(np.float32), g, n)
-    return (codes - z).astype(np.float32) * s
+    o = _per_element(group_offsets(qw), g, n)
+    return stored_codes(qw).astype(np.float32) * s + o
 
 
 def concat_out(parts: list[QuantizedWeight]) -> QuantizedWeight:
@@ -230,10 +283,12 @@ def concat_out(parts: list[QuantizedWeight]) -> QuantizedWeight:
     first = parts[0]
     if any(p.config != first.config or p.in_features != first.in_features for p in parts):
         raise ValueError("only weights of one format and input width can be fused")
-    zeros = None if first.zeros is None else np.concatenate([p.zeros for p in parts])
+    def stacked(arrays: list[np.ndarray | None]) -> np.ndarray | None:
+        return None if arrays[0] is None else np.concatenate(arrays)
+
     return QuantizedWeight(np.concatenate([p.data for p in parts]),
-                           np.concatenate([p.scales for p in parts]), zeros,
-                           first.in_features, first.config)
+                           np.concatenate([p.scales for p in parts]), stacked([p.zeros for p in parts]),
+                           first.in_features, first.config, stacked([p.mins for p in parts]))
 
 
 # ---------------------------------------------------------------- int8 K/V

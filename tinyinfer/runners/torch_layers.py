@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tinyinfer.quant import QuantizedWeight
+from tinyinfer.quant import QuantizedWeight, group_offsets
 
 
 @dataclass(frozen=True)
@@ -40,17 +40,18 @@ class Int4Weight:
 
 
 @dataclass(frozen=True)
-class Int4GroupWeight:
-    """Weight-only int4 for shapes the kernel cannot take: dequantized inside every product."""
+class GroupWeight:
+    """Weight-only int8/int4 in groups no torch kernel takes (int8 in groups; int4 shapes the
+    kernel refuses): dequantized inside every product."""
 
-    packed: Tensor  # uint8 [out, ceil(in / 2)], even column in the low nibble
+    codes: Tensor  # int8 [out, in], or uint8 [out, ceil(in / 2)] int4 nibbles, even column low
     scales: Tensor  # [out, groups], compute dtype
-    zeros: Tensor  # [out, groups], the code that stands for 0.0
+    offsets: Tensor  # [out, groups]: weight = code * scale + offset
     group_size: int
     in_features: int
 
 
-QuantWeight = Int8Weight | Int4Weight | Int4GroupWeight
+QuantWeight = Int8Weight | Int4Weight | GroupWeight
 
 
 def linear(x: Tensor, weight: Tensor | QuantWeight, bias: Tensor | None) -> Tensor:
@@ -73,10 +74,11 @@ def quantized_matmul(x: Tensor, w: QuantWeight) -> Tensor:
     if isinstance(w, Int4Weight):
         mm = torch._weight_int4pack_mm_for_cpu if on_cpu else torch._weight_int4pack_mm
         return mm(x, w.packed, w.group_size, w.scales_and_zeros)
-    codes = unpack_int4(w.packed, w.in_features)  # [out, in]
-    scales = w.scales.repeat_interleave(w.group_size, dim=1)[:, :w.in_features]
-    zeros = w.zeros.repeat_interleave(w.group_size, dim=1)[:, :w.in_features]
-    return F.linear(x, (codes.to(scales.dtype) - zeros) * scales)
+    n = w.in_features
+    codes = w.codes if w.codes.dtype == torch.int8 else unpack_int4(w.codes, n)  # [out, in]
+    scales = w.scales.repeat_interleave(w.group_size, dim=1)[:, :n]
+    offsets = w.offsets.repeat_interleave(w.group_size, dim=1)[:, :n]
+    return F.linear(x, codes.to(scales.dtype) * scales + offsets)
 
 
 def unpack_int4(packed: Tensor, n: int) -> Tensor:
@@ -100,18 +102,15 @@ def device_weight(qw: QuantizedWeight, device: torch.device, dtype: torch.dtype)
 
     out, n = qw.shape
     scales = to_device(qw.scales).float()  # [out, groups]
-    if qw.config.bits == 8:
+    if qw.config.bits == 8 and qw.config.group_size is None:
         return Int8Weight(to_device(qw.data), scales[:, 0].to(dtype))
-    packed = to_device(qw.data)
-    if qw.zeros is None:
-        zeros = torch.full_like(scales, 8.0)
-    else:
-        zeros = unpack_int4(to_device(qw.zeros), qw.num_groups).float()
-    if not int4_kernel_fits(out, n, qw.group_size, device, dtype):
-        return Int4GroupWeight(packed, scales.to(dtype), zeros.to(dtype), qw.group_size, n)
-    # The kernel computes (nibble - 8) * scale + zero; ours is (nibble - z) * scale.
-    offsets = (8.0 - zeros) * scales
-    scales_and_zeros = torch.stack([scales.T, offsets.T], dim=-1).to(dtype).contiguous()
+    codes = to_device(qw.data)
+    offsets = to_device(group_offsets(qw))  # weight = code * scale + offset
+    if qw.config.bits == 8 or not int4_kernel_fits(out, n, qw.group_size, device, dtype):
+        return GroupWeight(codes, scales.to(dtype), offsets.to(dtype), qw.group_size, n)
+    # The kernel computes (nibble - 8) * scale + zero: its zero is the weight nibble 8 stands for.
+    packed = codes
+    scales_and_zeros = torch.stack([scales.T, (8.0 * scales + offsets).T], dim=-1).to(dtype).contiguous()
     if device.type == "cpu":
         tiled = torch._convert_weight_to_int4pack_for_cpu(unpack_int4(packed, n).to(torch.int32), 2)
     else:

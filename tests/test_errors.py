@@ -88,7 +88,7 @@ def test_model_without_tokenizer_refuses_text(engine):
 
 
 def test_unknown_model_and_runner(tmp_path, folder):
-    with pytest.raises(TinyInferError, match="neither a bundled model"):
+    with pytest.raises(TinyInferError, match="neither a known model"):
         tinyinfer.load(tmp_path / "nowhere")
     with pytest.raises(TinyInferError, match="runner"):
         tinyinfer.load(folder, runner="jax")
@@ -109,6 +109,32 @@ def test_unsupported_architecture(folder):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="bert"):
         tinyinfer.load(folder)
+
+
+@pytest.mark.parametrize("change, named", [
+    (dict(model_type="foobar"), "model_type 'foobar'"),
+    (dict(architectures=["FoobarForCausalLM"]), "FoobarForCausalLM"),
+    (dict(embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=8.0),
+     "embedding_multiplier"),  # Granite
+    (dict(residual_multiplier=0.22), "residual_multiplier"),
+    (dict(logits_scaling=8.0), "logits_scaling"),
+    (dict(final_logit_softcapping=30.0), "final_logit_softcapping"),
+    (dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
+    (dict(num_local_experts=8), "num_local_experts"),
+])
+def test_configs_whose_math_tinyinfer_lacks_are_refused_by_name(folder, change, named):
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(ConfigError, match=named):
+        tinyinfer.load(folder)
+
+
+def test_neutral_values_of_those_keys_still_load(folder):
+    config = json.loads((folder / "config.json").read_text())
+    neutral = dict(embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0,
+                   partial_rotary_factor=1.0, num_local_experts=0, final_logit_softcapping=None)
+    (folder / "config.json").write_text(json.dumps({**config, **neutral}))
+    assert tinyinfer.load(folder).config.model_type == config["model_type"]
 
 
 def test_truncated_safetensors(folder):

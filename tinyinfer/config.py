@@ -4,7 +4,12 @@ Two families cover the supported checkpoints:
 
 * ``gpt2``  — learned positions, LayerNorm, GELU (tanh) MLP, biases everywhere, tied head.
 * ``llama`` — RoPE, RMSNorm, SwiGLU MLP, grouped-query attention; also Mistral, Qwen2
-  (biases on q/k/v) and other Llama-shaped models such as SmolLM.
+  (biases on q/k/v) and models that declare themselves Llama, such as SmolLM.
+
+Anything else is refused by name, never run as the nearest family: an unknown ``model_type``
+or ``architectures`` entry, and config keys that change the math tinyinfer does not do
+(Granite's multipliers, soft-capping, partial RoPE, mixtures of experts, ...) unless they hold
+the value that leaves the math unchanged.
 """
 
 from __future__ import annotations
@@ -18,6 +23,24 @@ from typing import Any
 from tinyinfer.errors import ConfigError
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
+ARCHITECTURES = {"gpt2": ("GPT2LMHeadModel",), "llama": ("LlamaForCausalLM",),
+                 "mistral": ("MistralForCausalLM",), "qwen2": ("Qwen2ForCausalLM",)}
+# Config keys that change the forward pass, and the values under which they do not.
+UNSUPPORTED_KEYS = {
+    "embedding_multiplier": (1, 1.0, None),  # Granite
+    "residual_multiplier": (1, 1.0, None),
+    "logits_scaling": (1, 1.0, None),
+    "attention_multiplier": (None,),
+    "attn_logit_softcapping": (None,),  # Gemma 2
+    "final_logit_softcapping": (None,),
+    "partial_rotary_factor": (1, 1.0, None),
+    "num_local_experts": (0, None),  # mixtures of experts
+    "num_experts": (0, None),
+    "use_qk_norm": (False, None),
+    "qk_layernorm": (False, None),
+    "no_rope_layers": (None,),  # SmolLM3: some layers without RoPE
+    "rope_freqs": (None,),  # GGUF: per-frequency RoPE factors
+}
 
 
 @dataclass(frozen=True)
@@ -107,8 +130,9 @@ class ModelConfig:
             raise ConfigError(f"RoPE needs an even head_dim, got {self.head_dim}")
 
 
-def load_config(folder: str | Path) -> ModelConfig:
-    """Read ``folder/config.json`` and return a validated ModelConfig."""
+def load_config(folder: str | Path, *, shape_only: bool = False) -> ModelConfig:
+    """Read ``folder/config.json`` and return a validated ModelConfig (``shape_only``: see
+    config_from_dict)."""
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise ConfigError(f"no config.json in {folder}: point --model at a Hugging Face model folder")
@@ -118,22 +142,24 @@ def load_config(folder: str | Path) -> ModelConfig:
         raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must hold a JSON object")
-    return config_from_dict(raw, source=str(path))
+    return config_from_dict(raw, source=str(path), shape_only=shape_only)
 
 
-def config_from_dict(raw: dict[str, Any], source: str = "config") -> ModelConfig:
-    """Build a ModelConfig from the fields of a Hugging Face config.json."""
+def config_from_dict(raw: dict[str, Any], source: str = "config", *, shape_only: bool = False) -> ModelConfig:
+    """Build a ModelConfig from the fields of a Hugging Face config.json.
+
+    ``shape_only`` reads the sizes of any GPT-2- or Llama-shaped model, runnable or not (the
+    simulator prices mixtures of experts it never computes with); without it, what tinyinfer
+    cannot run exactly is refused by name.
+    """
     model_type = raw.get("model_type")
+    if not shape_only:
+        _refuse_what_cannot_run(raw, source)
     try:
         if model_type == "gpt2":
             config = _gpt2_config(raw)
-        elif model_type in LLAMA_LIKE or _is_llama_shaped(raw):
-            config = _llama_config(raw)
         else:
-            raise ConfigError(
-                f"{source}: model_type {model_type} is not supported; "
-                f"supported: gpt2, {', '.join(LLAMA_LIKE)} and Llama-shaped models"
-            )
+            config = _llama_config(raw)
     except KeyError as exc:
         raise ConfigError(f"{source}: missing field {exc.args[0]}") from exc
     except (TypeError, ValueError) as exc:
@@ -142,10 +168,21 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> ModelConfig
     return config
 
 
-def _is_llama_shaped(raw: dict[str, Any]) -> bool:
+def _refuse_what_cannot_run(raw: dict[str, Any], source: str) -> None:
+    """An unknown architecture, or a key that changes the math, named in a ConfigError."""
+    model_type = raw.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise ConfigError(f"{source}: model_type {model_type!r} is not supported "
+                          f"(tinyinfer runs {', '.join(ARCHITECTURES)})")
     archs = raw.get("architectures") or []
-    return raw.get("hidden_act") == "silu" and any("ForCausalLM" in a for a in archs) and \
-        "num_key_value_heads" in raw
+    odd = [a for a in archs if a not in ARCHITECTURES[model_type]] if isinstance(archs, list) else [archs]
+    if odd:
+        raise ConfigError(f"{source}: architectures {odd} is not a {model_type} model tinyinfer "
+                          f"runs (expected {', '.join(ARCHITECTURES[model_type])})")
+    changed = [key for key, neutral in UNSUPPORTED_KEYS.items() if raw.get(key) not in neutral]
+    if changed:
+        raise ConfigError(f"{source}: {changed[0]} = {raw[changed[0]]!r} changes the model's math "
+                          "in a way tinyinfer does not implement")
 
 
 def _eos_ids(value: Any) -> tuple[int, ...]:

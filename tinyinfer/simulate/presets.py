@@ -42,7 +42,7 @@ class ModelSpec:
 
 def model_from_hf(name: str, raw: dict[str, Any], title: str = "", source: str = "") -> ModelSpec:
     """A ModelSpec from a Hugging Face config.json dict (Mixtral-style MoE fields understood)."""
-    config = config_from_dict(raw, source=source or name)
+    config = config_from_dict(raw, source=source or name, shape_only=True)
     experts = int(raw.get("num_local_experts") or 1)
     active = int(raw.get("num_experts_per_tok") or 1) if experts > 1 else 1
     return ModelSpec(name, title or name, config, experts, active, source)
@@ -51,7 +51,7 @@ def model_from_hf(name: str, raw: dict[str, Any], title: str = "", source: str =
 def model_from_folder(folder: str | Path) -> ModelSpec:
     """A ModelSpec from a local model folder's config.json."""
     path = Path(folder).expanduser()
-    load_config(path)  # says clearly what is wrong with a missing or malformed config.json
+    load_config(path, shape_only=True)  # says clearly what is wrong with a missing or malformed config.json
     raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
     return model_from_hf(path.name, raw, source=str(path))
 

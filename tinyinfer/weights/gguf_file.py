@@ -287,7 +287,8 @@ def _prefixes(token: str, vocab: dict[str, int]) -> list[str]:
 def _is_linear(hf_name: str) -> bool:
     parts = hf_name.split(".")
     runner_name = f"layers.0.{parts[-2].removesuffix('_proj')}.weight"
-    return hf_name.startswith("model.layers.") and is_quantized_name(runner_name)
+    return hf_name.startswith("model.layers.") and hf_name.endswith(".weight") and \
+        is_quantized_name(runner_name)
 
 
 def _unpermute_rows(value: WeightArray | QuantizedWeight, heads: int) -> WeightArray | QuantizedWeight:

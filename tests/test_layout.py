@@ -93,7 +93,7 @@ WALLS = [
     ("tinyinfer.display", ("tinyinfer.engine", "tinyinfer.runners", "tinyinfer.cli"),
      "terminal output knows nothing of what it shows"),
 ]
-CORE = ("config", "tokenizer", "weights", "model", "kv", "scheduler", "sampling",
+CORE = ("config", "tokenizer", "chat", "weights", "model", "kv", "scheduler", "sampling",
         "speculative", "quant", "engine", "engine_config", "trace", "errors")
 
 

@@ -34,7 +34,7 @@ class OutOfPagesError(TinyInferError):
 
 
 # Optional packages, by the name Python imports, and the extra of pyproject.toml that brings each.
-OPTIONAL_PACKAGES = {"torch": "torch", "uvicorn": "serve", "starlette": "serve", "jinja2": "serve",
+OPTIONAL_PACKAGES = {"torch": "torch", "uvicorn": "serve", "starlette": "serve",
                      "transformers": "test", "tokenizers": "test"}
 
 

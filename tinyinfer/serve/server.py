@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tinyinfer.engine import Engine
 from tinyinfer.errors import TinyInferError
 from tinyinfer.sampling import SamplingParams
-from tinyinfer.serve.chat import load_chat_template
+from tinyinfer.chat import load_chat_template
 from tinyinfer.serve.loop import Delta, EngineLoop, Failure, Job, Usage
 from tinyinfer.serve.metrics import Metrics
 from tinyinfer.serve.responses import ChatShape, CompletionShape, Shape

@@ -172,6 +172,16 @@ class GGUFCheckpoint:
                               for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)])
         return tokenizer
 
+    def special_token_texts(self) -> dict[str, str]:
+        """bos_token, eos_token, unk_token and pad_token as text (what chat templates print)."""
+        tokens = self.value("tokenizer.ggml.tokens", [])
+        texts = {}
+        for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"),
+                          ("pad_token", "padding")):
+            index = self.value(f"tokenizer.ggml.{key}_token_id", None)
+            texts[name] = tokens[index] if index is not None and 0 <= index < len(tokens) else ""
+        return texts
+
     def _byte_level_bpe(self, vocab: dict[str, int]) -> tokenizers.Tokenizer:
         merges = [tuple(m.split(" ", 1)) for m in self.value("tokenizer.ggml.merges")]
         pre = self.value("tokenizer.ggml.pre", "default")

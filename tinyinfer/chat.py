@@ -1,7 +1,8 @@
 """Chat messages → one prompt: the checkpoint's Jinja2 chat template, or a simple documented one.
 
 A chat model was trained on conversations laid out in one exact format (role markers, special
-tokens); the template in its `tokenizer_config.json` (or `chat_template.jinja`) reproduces it.
+tokens); the template in its `tokenizer_config.json` (or `chat_template.jinja`, or a GGUF
+file's ``tokenizer.chat_template``) reproduces it.
 Models without one — like the bundled Shakespeare model — get the simple template:
 
     system: You are a poet.
@@ -24,6 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from tinyinfer.errors import TinyInferError
 from tinyinfer.tokenizer import Tokenizer
+from tinyinfer.weights.gguf_file import GGUFCheckpoint
 
 
 class ChatTemplateError(TinyInferError):
@@ -35,6 +37,7 @@ class ChatTemplate(Protocol):
 
     name: str
     stop: tuple[str, ...]  # stop strings the layout implies, added to the request's own
+    trained: bool  # whether the model was trained on this layout (its own template)
 
     def render(self, messages: Sequence[dict[str, str]]) -> str: ...
 
@@ -46,6 +49,7 @@ class SimpleChatTemplate:
 
     name = "simple"
     stop = ("\nuser:",)
+    trained = False
 
     def render(self, messages: Sequence[dict[str, str]]) -> str:
         """One line per message, then the cue for the model's turn."""
@@ -60,6 +64,7 @@ class JinjaChatTemplate:
     """A Hugging Face chat template rendered in Jinja2's sandbox, as transformers does."""
 
     stop: tuple[str, ...] = ()
+    trained = True
 
     def __init__(self, source: str, variables: dict[str, Any], name: str) -> None:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
@@ -120,11 +125,15 @@ def _read_source(folder: Path) -> tuple[str | None, dict[str, Any]]:
     return source, config
 
 
-def load_chat_template(folder: Path) -> ChatTemplate:
-    """The model folder's own chat template if it has one, else the simple template."""
-    source, config = _read_source(Path(folder))
+def load_chat_template(path: Path, gguf: GGUFCheckpoint | None = None) -> ChatTemplate:
+    """The model's own chat template if it has one (a folder's files, or ``gguf``'s metadata
+    for the GGUF file at ``path``), else the simple template."""
+    if gguf is not None:
+        source, variables = gguf.value("tokenizer.chat_template", None), gguf.special_token_texts()
+    else:
+        source, config = _read_source(Path(path))
+        variables = {key: _token_text(config.get(key))
+                     for key in ("bos_token", "eos_token", "unk_token", "pad_token")}
     if source is None:
         return SimpleChatTemplate()
-    variables = {key: _token_text(config.get(key))
-                 for key in ("bos_token", "eos_token", "unk_token", "pad_token")}
-    return JinjaChatTemplate(source, variables, name=f"{Path(folder).name}/chat_template")
+    return JinjaChatTemplate(source, variables, name=f"{Path(path).name}/chat_template")

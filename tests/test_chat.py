@@ -11,7 +11,7 @@ import openai
 import pytest
 
 import tinyinfer
-from tinyinfer.serve.chat import (
+from tinyinfer.chat import (
     ChatTemplateError,
     JinjaChatTemplate,
     SimpleChatTemplate,

@@ -8,7 +8,8 @@ from pathlib import Path
 from types import ModuleType
 
 from lessons.support import claim, heading, heldout_text, load_model, table
-from tinyinfer.tokenizer import GPT2_PATTERN, TokenizerError, ranks_from_tokenizer_json, read_tiktoken_ranks, tiktoken_gpt2
+from tinyinfer.errors import TokenizerError
+from tinyinfer.tokenizer import GPT2_PATTERN, ranks_from_tokenizer_json, read_tiktoken_ranks, tiktoken_gpt2
 
 LINE = "MACBETH:\nIs this a dagger which I see before me,\n"
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
+import subprocess
+import sys
 import unicodedata
 from pathlib import Path
 
@@ -18,6 +21,7 @@ from hypothesis import strategies as st
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
+import tinyinfer
 from tinyinfer.errors import TokenizerError
 from tinyinfer.tokenizer import (
     GPT2_PATTERN,
@@ -492,3 +496,33 @@ def test_tiktoken_gpt2_failure_is_a_tokenizer_error(gpt2_or_error) -> None:
         pytest.skip("tiktoken loaded gpt2 here, so there is no failure to check")
     assert "gpt2" in str(gpt2_or_error)
     assert "tokenizer.json" in str(gpt2_or_error)
+
+
+@pytest.fixture
+def model_with_broken_tokenizer(oracle_model, tmp_path: Path) -> Path:
+    """A saved model whose tokenizer.json names a model type no library reads."""
+    src, _ = oracle_model("llama-gqa-untied")
+    folder = tmp_path / "model"
+    shutil.copytree(src, folder)
+    data = json.loads(_train("gpt2").to_str())
+    data["model"]["type"] = "Foobar"
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_a_broken_tokenizer_fails_the_load(model_with_broken_tokenizer: Path) -> None:
+    with pytest.raises(TokenizerError, match="unsupported tokenizer model type 'Foobar'"):
+        tinyinfer.load(model_with_broken_tokenizer)
+
+
+@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["generate", "To be"]])
+def test_the_cli_refuses_a_broken_tokenizer_in_one_line(model_with_broken_tokenizer: Path,
+                                                        command: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-m", "tinyinfer", *command, "--model",
+                           str(model_with_broken_tokenizer)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr  # no traceback, and serve never says it is serving
+    assert "unsupported tokenizer model type 'Foobar'" in lines[0]

@@ -27,7 +27,7 @@ from tinyinfer.quant import (
     read_quant_config,
 )
 from tinyinfer.runners.runner import ModelRunner, make_batch
-from tinyinfer.tokenizer import Tokenizer, load_tokenizer
+from tinyinfer.tokenizer import Tokenizer, has_tokenizer_files, load_tokenizer
 from tinyinfer.weights import load_weights
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -176,12 +176,15 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
 def with_tokenizer(path: Path, name: str, config: ModelConfig, runner: ModelRunner,
                    quantization: QuantConfig | None = None,
                    quant_errors: ErrorReport | None = None) -> Model:
-    """The Model of a runner, with the folder's tokenizer (or the reason it has none)."""
+    """The Model of a runner, with the folder's tokenizer. A folder without tokenizer files
+    (random weights) gives a Model that takes token ids; a tokenizer file that cannot be used
+    fails here, at load, not at the first prompt."""
     tokenizer, error = None, ""
-    try:
+    if has_tokenizer_files(path):
         tokenizer = load_tokenizer(path, eos_token_id=(config.eos_token_ids or (None,))[0])
-    except TokenizerError as exc:
-        error = f"{name} has no usable tokenizer: {exc}"
+    else:
+        error = (f"{name} has no tokenizer (no tokenizer.json or tokenizer.tiktoken in {path}): "
+                 "pass token ids")
     return Model(config=config, runner=runner, path=path, name=name, quantization=quantization,
                  quant_errors=quant_errors, tokenizer=tokenizer, tokenizer_error=error)
 

@@ -102,7 +102,7 @@ class OpenAIServer:
         self._check_model(options.model)
         entries = []
         for prompt in req.prompts:
-            ids = self.model.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            ids = self.model.tokenizer.encode(prompt, allow_special=True) if isinstance(prompt, str) else list(prompt)
             entries += self._entries(ids, options, COMPLETION_DEFAULT_MAX_TOKENS
                                      if options.max_tokens is None else options.max_tokens)
         shape = CompletionShape(self.name, self.tokenizer, options.n, len(entries),

@@ -625,6 +625,22 @@ def test_what_tiktoken_cannot_run_exactly_runs_on_tokenizers(
         assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=False), text
 
 
+def test_several_merges_making_one_token_still_run_on_tiktoken(tmp_path: Path) -> None:
+    # Llama-3's merges do this (ĠĠ+ĠĠ and Ġ+ĠĠĠ both make ĠĠĠĠ): ids still follow merge order.
+    data = _data("gpt2")
+    vocab, merges = data["model"]["vocab"], data["model"]["merges"]
+    index, extra = next((i, [word[:k], word[k:]]) for i, (left, right) in enumerate(merges)
+                        for word in [left + right] for k in range(1, len(word))
+                        if word[:k] in vocab and word[k:] in vocab and k != len(left))
+    merges.insert(index + 1, extra)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    hf = HFTokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    tok = load_tokenizer(tmp_path)
+    assert isinstance(tok, TiktokenTokenizer)
+    for text in STRINGS:
+        assert tok.encode(text, allow_special=True) == hf.encode(text).ids, text
+
+
 def test_an_added_token_that_begins_another_runs_on_tokenizers(tmp_path: Path) -> None:
     hf = STYLES["gpt2"].build()
     hf.add_special_tokens(["<|end", "<|endoftext|>x"])

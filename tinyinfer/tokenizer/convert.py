@@ -176,7 +176,9 @@ def _added_tokens(entries: Any) -> dict[str, int]:
 
 
 def _check_merge_order(merges: Any, vocab: dict[str, int]) -> None:
-    """Check that merge results have increasing ids, so that rank order is merge order."""
+    """Check that merge results have increasing ids, so that rank order is merge order.
+
+    Several merges may make one token (Llama-3: ĠĠ+ĠĠ and Ġ+ĠĠĠ both make ĠĠĠĠ)."""
     if not isinstance(merges, list):
         raise TokenizerError("model.merges must be a list")
     previous = -1
@@ -188,11 +190,11 @@ def _check_merge_order(merges: Any, vocab: dict[str, int]) -> None:
         if left not in vocab or right not in vocab or left + right not in vocab:
             raise TokenizerError(f"merge {index} ({left!r}, {right!r}) uses a token not in vocab")
         result = vocab[left + right]
-        if result <= previous:
+        if result < previous:
             raise TokenizerError(
-                f"merge {index} ({left!r}, {right!r}) makes id {result}, not above the "
-                f"previous merge's id {previous}: ids do not follow merge order, which "
-                "tiktoken needs (it merges by lowest id)")
+                f"merge {index} ({left!r}, {right!r}) makes id {result}, below the previous "
+                f"merge's id {previous}: ids do not follow merge order, which tiktoken needs "
+                "(it merges by lowest id)")
         previous = result
 
 

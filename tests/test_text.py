@@ -118,13 +118,16 @@ def sentencepiece_model(sentencepiece_model_folder):
     return tinyinfer.load(sentencepiece_model_folder)
 
 
-def test_sentencepiece_text_is_the_decode_of_the_generated_ids(sentencepiece_model):
-    model = sentencepiece_model
+def test_sentencepiece_text_continues_the_prompt(sentencepiece_model):
+    # The text is what decoding prompt and output together adds to the prompt's text: the first
+    # generated word keeps its space (vLLM's choice; decoding the output alone would strip it).
+    model, tok = sentencepiece_model, sentencepiece_model.tokenizer
     params = tinyinfer.SamplingParams(temperature=1.0, seed=5, max_tokens=40, ignore_eos=True)
     final = tinyinfer.Engine(model).generate("To be, or not", params)[0]
-    byte_tokens = [i for i in final.token_ids if model.tokenizer.holds_back(i)]
+    byte_tokens = [i for i in final.token_ids if tok.holds_back(i)]
     assert byte_tokens  # the random model samples byte-fallback tokens: runs of them are text too
-    assert final.text == model.tokenizer.decode(final.token_ids)
+    prompt = tok.encode("To be, or not")
+    assert tok.decode(prompt) + final.text == tok.decode(prompt + final.token_ids)
     assert "".join(tinyinfer.Engine(model).stream("To be, or not", params)) == final.text
 
 
@@ -138,4 +141,6 @@ def test_an_end_token_after_byte_tokens_ends_their_run(sentencepiece_model):
     out = tinyinfer.Engine(model).generate("To be, or not", tinyinfer.SamplingParams(
         **params, stop_token_ids=(ids[k],)))[0]
     assert out.token_ids == ids[:k + 1] and out.finish_reason == "stop"
-    assert out.text == model.tokenizer.decode(ids[:k]) != model.tokenizer.decode(ids[:k - 1])
+    prompt = model.tokenizer.encode("To be, or not")
+    whole, before = model.tokenizer.decode(prompt + ids[:k]), model.tokenizer.decode(prompt)
+    assert out.text == whole[len(before):] != model.tokenizer.decode(prompt + ids[:k - 1])[len(before):]

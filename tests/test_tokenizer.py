@@ -408,6 +408,34 @@ def test_streaming_any_ids_gives_what_hugging_face_decodes(pair: Pair, data) -> 
     assert "".join(_stream(tok, ids)) == pair.hf_decode(ids)
 
 
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_stream_continuing_a_prompt_adds_what_decoding_the_whole_adds(pair: Pair, data) -> None:
+    tok = pair.tok
+    ids = st.integers(0, tok.vocab_size - 1)
+    context = data.draw(st.lists(ids, min_size=1, max_size=8))
+    stream = data.draw(st.lists(ids, max_size=20))
+    decoder = IncrementalDecoder(tok, context)
+    text = "".join(decoder.push(i) for i in stream) + decoder.flush()
+    last = context[-1]
+    if tok.holds_back(last) or tok.decode([last]).endswith("\ufffd"):
+        assert text == pair.hf_decode(stream)  # no settled context: the stream starts afresh
+    else:
+        before = pair.hf_decode(context)
+        whole = pair.hf_decode(context + stream)
+        assert whole.startswith(before)
+        assert text == whole[len(before):]
+
+
+@pytest.mark.parametrize("name", SENTENCEPIECE)
+def test_a_generation_after_a_prompt_keeps_its_first_space(pairs, name: str) -> None:
+    tok = pairs(name).tok
+    prompt, generated = tok.encode("ROMEO:"), tok.encode("the cat")  # ▁the ▁cat: two words
+    decoder = IncrementalDecoder(tok, prompt)
+    assert "".join(decoder.push(i) for i in generated) + decoder.flush() == " the cat"
+    assert tok.decode(prompt + generated) == "ROMEO: the cat"
+
+
 @pytest.mark.parametrize("name", LOSSLESS)
 def test_a_character_split_over_tokens_streams_once_complete(pairs, name: str) -> None:
     pair = pairs(name)

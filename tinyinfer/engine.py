@@ -172,7 +172,7 @@ class Engine:
                                     else self._rng.integers(2**63))
         seq = Sequence(seq_id, request_id, prompt_ids, params, rng)
         tokenizer = self.model.tokenizer if self.model.has_tokenizer else None
-        decoder = IncrementalDecoder(tokenizer) if tokenizer is not None else None
+        decoder = IncrementalDecoder(tokenizer, prompt_ids) if tokenizer is not None else None
         self._requests[request_id] = _Request(seq, decoder, RequestMetrics(time.perf_counter()))
         self.scheduler.add(seq)
         return request_id

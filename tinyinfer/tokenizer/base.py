@@ -104,18 +104,27 @@ def check_text(text: Any) -> str:
 class IncrementalDecoder:
     """Turns a stream of token ids into text, showing each piece once it is settled.
 
-    The pieces add up to ``tokenizer.decode`` of every id pushed (padding ids have no text).
-    Each push decodes a short window again: the last token already shown, then the newer ones.
+    The pieces add up to the text that decoding the whole sequence (``context`` and every id
+    pushed; padding ids have no text) adds after ``context``'s own text. Each push decodes a
+    short window again: the last token already shown (or of the context), then the newer ones.
     Where the window's text ends in U+FFFD (bytes of a character split over tokens) or its last
     token is held back (a byte-fallback run), nothing is shown yet. Decoding the window as a
     whole, rather than token by token, keeps every decoder's rules: bytes joined into characters,
-    and a SentencePiece decoder's leading-space strip only at the start of the stream.
+    and a SentencePiece decoder's leading-space strip only at the start of the sequence (a
+    generation continuing a prompt keeps its first word's space, as vLLM's does).
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, context: Sequence[int] = ()) -> None:
+        """A stream that continues ``context`` (a prompt's ids), of which nothing is shown."""
         self._tokenizer = tokenizer
-        self._window: list[int] = []  # the last token shown (none at the start), then newer ones
+        self._window: list[int] = []  # the last token shown or of the context, then newer ones
         self._shown = ""  # the text of the window's first token, already shown
+        if context:
+            last = context[-1]
+            if not (tokenizer.is_padding(last) or tokenizer.holds_back(last)):
+                shown = tokenizer.decode([last])
+                if not shown.endswith("\ufffd"):  # else the stream starts afresh
+                    self._window, self._shown = [int(last)], shown
 
     def push(self, token_id: int) -> str:
         """Text settled by this token ("" while it may still change)."""

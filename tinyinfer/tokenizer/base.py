@@ -109,9 +109,10 @@ class IncrementalDecoder:
     short window again: the last token already shown (or of the context), then the newer ones.
     Where the window's text ends in U+FFFD (bytes of a character split over tokens) or its last
     token is held back (a byte-fallback run), nothing is shown yet. Decoding the window as a
-    whole, rather than token by token, keeps every decoder's rules: bytes joined into characters,
-    and a SentencePiece decoder's leading-space strip only at the start of the sequence (a
-    generation continuing a prompt keeps its first word's space, as vLLM's does).
+    whole, rather than token by token, keeps the rules of the decoders language models ship:
+    bytes joined into characters, and a SentencePiece decoder's leading-space strip only at the
+    start of the sequence (a generation continuing a prompt keeps its first word's space, as
+    vLLM's does).
     """
 
     def __init__(self, tokenizer: Tokenizer, context: Sequence[int] = ()) -> None:

@@ -116,6 +116,31 @@ def train_small_tokenizer(folder: Path, vocab_size: int) -> None:
     tok.save(str(folder / "tokenizer.json"))
 
 
+def train_sentencepiece_tokenizer(folder: Path, vocab_size: int) -> None:
+    """Train a Llama-2-style BPE of vocab_size ids and save tokenizer.json: <unk>, <s>, </s>,
+    the 256 byte-fallback tokens <0x00>..<0xFF>, then pieces with ▁ for spaces."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    base = Tokenizer(models.BPE())
+    base.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="always")
+    base.train_from_iterator([SAMPLE_TEXT], trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False))
+    trained = json.loads(base.to_str())["model"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"<0x{b:02X}>": 3 + b for b in range(256)}
+    for token in sorted(trained["vocab"], key=trained["vocab"].get):
+        if len(vocab) < vocab_size:
+            vocab.setdefault(token, len(vocab))
+    merges = [tuple(m) for m in trained["merges"] if "".join(m) in vocab]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True,
+                               byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
+    tok.save(str(folder / "tokenizer.json"))
+
+
 @pytest.fixture(scope="session")
 def text_model_folder(tmp_path_factory) -> Path:
     """A random Llama (GQA) with a real byte-level BPE tokenizer: for text-level engine tests."""
@@ -148,3 +173,12 @@ def interruptible_tinyinfer(*args: str) -> list[str]:
     run = "import runpy; runpy.run_module('tinyinfer', run_name='__main__', alter_sys=True)"
     return [sys.executable, "-c", INTERRUPTIBLE + run, *args]
 
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_model_folder(tmp_path_factory) -> Path:
+    """A random Llama (GQA) with a Llama-2-style tokenizer: ▁ for spaces, <0xNN> byte fallback."""
+    folder = tmp_path_factory.mktemp("sentencepiece-llama")
+    build_hf_model("llama-gqa-untied", folder)
+    train_sentencepiece_tokenizer(folder, ORACLE_CONFIGS["llama-gqa-untied"][2]["vocab_size"])
+    return folder

@@ -103,3 +103,21 @@ def test_server_renders_the_checkpoint_template(chat_folder):
             "model": model.name, "messages": [{"role": "assistant", "content": "Hi"}]})
         assert refused.status_code == 400
         assert "must start with system or user" in refused.json()["error"]["message"]
+
+
+def test_completion_prompts_parse_special_tokens_as_vllm_does(chat_folder):
+    # A hand-written template prompt to /v1/completions: vLLM tokenizes it with the Hugging Face
+    # tokenizer, which reads <|endoftext|> as the special token, and so does tinyinfer.
+    model = tinyinfer.load(chat_folder)
+    prompt = "[user]\nTo be?<|endoftext|>\n[assistant]\n"
+    ids = model.tokenizer.encode(prompt, allow_special=True)
+    assert ids == (model.tokenizer.encode("[user]\nTo be?") + [model.tokenizer.eos_token_id]
+                   + model.tokenizer.encode("\n[assistant]\n"))
+    expected = tinyinfer.Engine(model).generate(
+        ids, tinyinfer.SamplingParams(max_tokens=8, temperature=0))[0]
+    with ServerThread(tinyinfer.Engine(model)) as live:
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0)
+        out = client.completions.create(model=model.name, prompt=prompt, max_tokens=8,
+                                        temperature=0)
+        assert out.usage.prompt_tokens == len(ids)
+        assert out.choices[0].text == expected.text

@@ -137,8 +137,7 @@ def test_a_gguf_without_a_tokenizer_takes_token_ids(folders, tmp_path):
 def test_bad_gguf_at_the_cli_is_one_line(folders, tmp_path):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(b"GGUF" + bytes(20))
-    done = subprocess.run([sys.executable, "-m", "tinyinfer", "generate", "--model", str(cut),
-                           "--prompt", "hi"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "tinyinfer", "generate", "hi", "--model", str(cut)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
     assert "cut.gguf is not a readable GGUF file" in done.stderr

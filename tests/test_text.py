@@ -111,3 +111,36 @@ def test_padding_ids_beyond_the_tokenizer_have_no_text(model):
     assert decoder.push(tok.encode("To")[0]) == "To"
     with pytest.raises(tinyinfer.TokenizerError):
         tok.decode([tok.vocab_size + 3])
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_model(sentencepiece_model_folder):
+    return tinyinfer.load(sentencepiece_model_folder)
+
+
+def test_sentencepiece_text_continues_the_prompt(sentencepiece_model):
+    # The text is what decoding prompt and output together adds to the prompt's text: the first
+    # generated word keeps its space (vLLM's choice; decoding the output alone would strip it).
+    model, tok = sentencepiece_model, sentencepiece_model.tokenizer
+    params = tinyinfer.SamplingParams(temperature=1.0, seed=5, max_tokens=40, ignore_eos=True)
+    final = tinyinfer.Engine(model).generate("To be, or not", params)[0]
+    byte_tokens = [i for i in final.token_ids if tok.holds_back(i)]
+    assert byte_tokens  # the random model samples byte-fallback tokens: runs of them are text too
+    prompt = tok.encode("To be, or not")
+    assert tok.decode(prompt) + final.text == tok.decode(prompt + final.token_ids)
+    assert "".join(tinyinfer.Engine(model).stream("To be, or not", params)) == final.text
+
+
+def test_an_end_token_after_byte_tokens_ends_their_run(sentencepiece_model):
+    # A run of byte-fallback tokens is held back until it ends; an end token ends it too.
+    model = sentencepiece_model
+    params = dict(temperature=1.0, seed=5, max_tokens=40, ignore_eos=True)
+    ids = tinyinfer.Engine(model).generate("To be, or not", tinyinfer.SamplingParams(**params))[0].token_ids
+    k = next(k for k in range(1, len(ids))
+             if model.tokenizer.holds_back(ids[k - 1]) and ids[k] not in ids[:k])
+    out = tinyinfer.Engine(model).generate("To be, or not", tinyinfer.SamplingParams(
+        **params, stop_token_ids=(ids[k],)))[0]
+    assert out.token_ids == ids[:k + 1] and out.finish_reason == "stop"
+    prompt = model.tokenizer.encode("To be, or not")
+    whole, before = model.tokenizer.decode(prompt + ids[:k]), model.tokenizer.decode(prompt)
+    assert out.text == whole[len(before):] != model.tokenizer.decode(prompt + ids[:k - 1])[len(before):]

@@ -89,7 +89,7 @@ class JinjaChatTemplate:
 
     def encode(self, tokenizer: Tokenizer, text: str) -> list[int]:
         """Template text: its role markers are special tokens, so encode them as such."""
-        return tokenizer.encoding.encode(text, allowed_special="all")
+        return tokenizer.encode(text, allow_special=True)
 
 
 def _raise_exception(message: str) -> None:

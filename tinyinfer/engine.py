@@ -172,7 +172,7 @@ class Engine:
                                     else self._rng.integers(2**63))
         seq = Sequence(seq_id, request_id, prompt_ids, params, rng)
         tokenizer = self.model.tokenizer if self.model.has_tokenizer else None
-        decoder = IncrementalDecoder(tokenizer) if tokenizer is not None else None
+        decoder = IncrementalDecoder(tokenizer, prompt_ids) if tokenizer is not None else None
         self._requests[request_id] = _Request(seq, decoder, RequestMetrics(time.perf_counter()))
         self.scheduler.add(seq)
         return request_id
@@ -425,11 +425,15 @@ class Engine:
         return self.scheduler.finish(seq)
 
     def _emit_text(self, request: _Request, token_id: int) -> tuple[str, bool]:
-        """Append a token's text unless it is an end token; cut at a stop string if one appears."""
+        """Append a token's text (an end token has none, but ends what the decoder held back);
+        cut at a stop string if one appears."""
         params = request.seq.params
-        if request.decoder is None or self._is_end_token(token_id, params):
+        if request.decoder is None:
             return "", False
-        piece = request.decoder.push(token_id)
+        if self._is_end_token(token_id, params):
+            piece = request.decoder.flush()
+        else:
+            piece = request.decoder.push(token_id)
         request.text += piece
         cut = find_stop(request.text, params.stop)
         if cut is not None:

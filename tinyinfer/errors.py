@@ -35,7 +35,7 @@ class OutOfPagesError(TinyInferError):
 
 # Optional packages, by the name Python imports, and the extra of pyproject.toml that brings each.
 OPTIONAL_PACKAGES = {"torch": "torch", "uvicorn": "serve", "starlette": "serve",
-                     "transformers": "test", "tokenizers": "test"}
+                     "transformers": "test"}
 
 
 class MissingPackageError(TinyInferError):

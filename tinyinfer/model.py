@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,8 +10,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-import importlib.util
 
+from tinyinfer.chat import ChatTemplate, SimpleChatTemplate, load_chat_template
 from tinyinfer.config import ModelConfig, config_from_dict, load_config
 from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import (
@@ -29,7 +30,7 @@ from tinyinfer.quant import (
     read_quant_config,
 )
 from tinyinfer.runners.runner import ModelRunner, make_batch
-from tinyinfer.tokenizer import Tokenizer, load_tokenizer
+from tinyinfer.tokenizer import Tokenizer, from_hf_tokenizer, has_tokenizer_files, load_tokenizer
 from tinyinfer.weights import load_weights
 from tinyinfer.weights.gguf_file import GGUFCheckpoint, is_gguf
 
@@ -57,15 +58,18 @@ class Model:
     quantization: QuantConfig | None  # weight format of the linear layers; None = float
     quant_errors: ErrorReport | None  # each linear weight's rounding error (measure_error)
     tokenizer_error: str = field(repr=False)  # why there is no tokenizer (empty when there is one)
+    chat_template: ChatTemplate = field(repr=False)  # lays conversations out (chat, the server)
     _tokenizer: Tokenizer | None = field(repr=False)
 
     def __init__(self, config: ModelConfig, runner: ModelRunner, path: Path, name: str,
                  quantization: QuantConfig | None = None, tokenizer: Tokenizer | None = None,
-                 tokenizer_error: str = "", quant_errors: ErrorReport | None = None):
+                 tokenizer_error: str = "", quant_errors: ErrorReport | None = None,
+                 chat_template: ChatTemplate | None = None):
         self.config, self.runner, self.path, self.name = config, runner, path, name
         self.quantization, self.quant_errors = quantization, quant_errors
         self.tokenizer = tokenizer
         self.tokenizer_error = tokenizer_error
+        self.chat_template = chat_template or SimpleChatTemplate()
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -199,20 +203,27 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
         except ModuleNotFoundError as exc:
             raise missing_package(exc) or exc from None
         model_runner = TorchRunner(config, weights, device=device, dtype=dtype, **runner_options)
-    return with_tokenizer(path, name, config, model_runner, quantization, quant_errors)
+    return with_tokenizer(path, name, config, model_runner, quantization, quant_errors, gguf)
 
 
 def with_tokenizer(path: Path, name: str, config: ModelConfig, runner: ModelRunner,
                    quantization: QuantConfig | None = None,
-                   quant_errors: ErrorReport | None = None) -> Model:
-    """The Model of a runner, with the folder's tokenizer (or the reason it has none)."""
+                   quant_errors: ErrorReport | None = None, gguf: GGUFCheckpoint | None = None) -> Model:
+    """The Model of a runner, with the checkpoint's tokenizer and chat template. A checkpoint
+    without a tokenizer (random weights) gives a Model that takes token ids; a tokenizer or a
+    chat template that cannot be used fails here, at load, not at the first prompt."""
     tokenizer, error = None, ""
-    try:
-        tokenizer = load_tokenizer(path, eos_token_id=(config.eos_token_ids or (None,))[0])
-    except TokenizerError as exc:
-        error = f"{name} has no usable tokenizer: {exc}"
+    eos = (config.eos_token_ids or (None,))[0]
+    if gguf is not None and gguf.has_tokenizer:
+        tokenizer = from_hf_tokenizer(gguf.hf_tokenizer(), name, eos)
+    elif gguf is None and has_tokenizer_files(path):
+        tokenizer = load_tokenizer(path, eos_token_id=eos)
+    else:
+        where = "tokenizer metadata" if gguf is not None else "tokenizer.json or tokenizer.tiktoken"
+        error = f"{name} has no tokenizer (no {where} in {path}): pass token ids"
     return Model(config=config, runner=runner, path=path, name=name, quantization=quantization,
-                 quant_errors=quant_errors, tokenizer=tokenizer, tokenizer_error=error)
+                 quant_errors=quant_errors, tokenizer=tokenizer, tokenizer_error=error,
+                 chat_template=load_chat_template(path, gguf))
 
 
 def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig | None, lazy: bool,

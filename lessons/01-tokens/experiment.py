@@ -8,7 +8,8 @@ from pathlib import Path
 from types import ModuleType
 
 from lessons.support import claim, heading, heldout_text, load_model, table
-from tinyinfer.tokenizer import GPT2_PATTERN, TokenizerError, ranks_from_tokenizer_json, read_tiktoken_ranks, tiktoken_gpt2
+from tinyinfer.errors import TokenizerError
+from tinyinfer.tokenizer import GPT2_PATTERN, ranks_from_tokenizer_json, read_tiktoken_ranks, tiktoken_gpt2
 
 LINE = "MACBETH:\nIs this a dagger which I see before me,\n"
 
@@ -16,7 +17,11 @@ LINE = "MACBETH:\nIs this a dagger which I see before me,\n"
 def model_ranks(folder: Path) -> tuple[dict[bytes, int], str]:
     """The ranks table and pre-tokenizer regex of a model folder's tokenizer files."""
     if (folder / "tokenizer.json").is_file():
-        ranks, _, pattern = ranks_from_tokenizer_json(json.loads((folder / "tokenizer.json").read_text("utf-8")))
+        try:
+            ranks, _, pattern = ranks_from_tokenizer_json(json.loads((folder / "tokenizer.json").read_text("utf-8")))
+        except TokenizerError as e:
+            raise TokenizerError(f"this lesson's BPE is byte-level BPE as tiktoken runs it, and {folder.name}'s "
+                                 f"tokenizer is not ({e}); run it on the bundled model") from None
         return ranks, pattern
     return read_tiktoken_ranks(folder / "tokenizer.tiktoken"), GPT2_PATTERN
 

@@ -38,7 +38,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tinyinfer.engine import Engine
 from tinyinfer.errors import TinyInferError
 from tinyinfer.sampling import SamplingParams
-from tinyinfer.chat import load_chat_template
 from tinyinfer.serve.loop import Delta, EngineLoop, Failure, Job, Usage
 from tinyinfer.serve.metrics import Metrics
 from tinyinfer.serve.responses import ChatShape, CompletionShape, Shape
@@ -86,7 +85,7 @@ class OpenAIServer:
         self.name = config.served_model_name or self.model.name
         self.metrics = Metrics()
         self.loop = EngineLoop(engine, self.metrics, config.max_queue)
-        self.template = load_chat_template(self.model.path)
+        self.template = self.model.chat_template
         self.tokenizer = self.model.tokenizer if self.model.has_tokenizer else None
         self.max_n = engine.scheduler.config.max_num_seqs
         self.created = int(time.time())
@@ -102,7 +101,7 @@ class OpenAIServer:
         self._check_model(options.model)
         entries = []
         for prompt in req.prompts:
-            ids = self.model.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            ids = self.model.tokenizer.encode(prompt, allow_special=True) if isinstance(prompt, str) else list(prompt)
             entries += self._entries(ids, options, COMPLETION_DEFAULT_MAX_TOKENS
                                      if options.max_tokens is None else options.max_tokens)
         shape = CompletionShape(self.name, self.tokenizer, options.n, len(entries),

@@ -151,6 +151,10 @@ class GGUFCheckpoint:
 
     # ------------------------------------------------------------ tokenizer
 
+    @property
+    def has_tokenizer(self) -> bool:
+        return "tokenizer.ggml.model" in self.reader.fields and "tokenizer.ggml.tokens" in self.reader.fields
+
     def hf_tokenizer(self) -> tokenizers.Tokenizer:
         """The tokenizer the metadata describes, built with the tokenizers library: byte-level
         BPE ("gpt2": vocabulary, merges, pre-tokenizer by name) or SentencePiece BPE ("llama":

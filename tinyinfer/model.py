@@ -140,6 +140,26 @@ def resolve_source(source: str | Path) -> tuple[Path, str]:
     return path, path.name
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """A model's files, opened but not loaded: where they are, its name and config, and for a
+    GGUF file its reader (metadata and tensors, memory-mapped)."""
+
+    path: Path
+    name: str
+    config: ModelConfig
+    gguf: GGUFCheckpoint | None
+
+
+def open_checkpoint(source: str | Path) -> Checkpoint:
+    """The checkpoint a model name, folder or GGUF file names, its config read and checked."""
+    path, name = resolve_source(source)
+    if is_gguf(path):
+        gguf = GGUFCheckpoint(path)
+        return Checkpoint(path, name, config_from_dict(gguf.hf_config(), str(path)), gguf)
+    return Checkpoint(path, name, load_config(path), None)
+
+
 def installed_model(name: str) -> Path:
     """The file of a model a Python package ships, or how to install that package."""
     package, filename, requirement = INSTALLED[name]
@@ -169,9 +189,8 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
     """
     if runner not in RUNNERS:
         raise TinyInferError(f"runner must be one of {RUNNERS}, got {runner}")
-    path, name = resolve_source(source)
-    gguf = GGUFCheckpoint(path) if is_gguf(path) else None
-    config = load_config(path) if gguf is None else config_from_dict(gguf.hf_config(), str(path))
+    checkpoint = open_checkpoint(source)
+    path, name, config, gguf = checkpoint.path, checkpoint.name, checkpoint.config, checkpoint.gguf
     if tensor_parallel != 1:
         if gguf is not None:
             raise TinyInferError("tensor parallelism loads Hugging Face model folders, not GGUF files")

@@ -28,7 +28,8 @@ from tinyinfer.display.tables import table
 from tinyinfer.engine import Engine
 from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import TinyInferError
-from tinyinfer.model import Model, load, resolve_source
+from tinyinfer.model import Model, load
+from tinyinfer.weights.gguf_file import is_gguf
 from tinyinfer.sampling import SamplingParams
 from tinyinfer.simulate.presets import MODEL_CONFIGS
 
@@ -131,9 +132,11 @@ def folder_models(source: str, runner: str, device: str | None, dtype: str | Non
         import torch
         import transformers
 
-        path, _ = resolve_source(source)
+        path = model.path  # a folder, or a GGUF file transformers dequantizes as it loads
+        where = dict(pretrained_model_name_or_path=path.parent, gguf_file=path.name) if is_gguf(path) \
+            else dict(pretrained_model_name_or_path=path)
         peer = transformers.AutoModelForCausalLM.from_pretrained(
-            path, dtype=getattr(torch, dtype or "float32")).to(device or "cpu").eval()
+            **where, dtype=getattr(torch, dtype or "float32")).to(device or "cpu").eval()
     return model, peer
 
 

@@ -240,34 +240,38 @@ def make_drafter(args: argparse.Namespace):
     return None
 
 
-def _stored_as(path) -> str:
-    """What the checkpoint's files hold, by dtype, read from their headers (which also finds a
-    missing, truncated or corrupt file before anything claims the model is fine)."""
+def _stored_as(checkpoint) -> str:
+    """What the checkpoint's files hold, by dtype or GGUF block format, read from their headers
+    (which also finds a missing, truncated or corrupt file before anything claims the model is
+    fine)."""
     from collections import Counter
 
     from tinyinfer.weights import Bf16Array, read_checkpoint
 
-    tensors, origin = read_checkpoint(path, lazy=True)
-    sizes: Counter[str] = Counter()
-    for tensor in tensors.values():
-        if isinstance(tensor, Bf16Array):
-            sizes["bfloat16"] += tensor.bits.nbytes
-        else:
-            sizes[str(tensor.dtype)] += tensor.nbytes
-    files = len(set(origin.values()))
+    if checkpoint.gguf is not None:
+        sizes = Counter(checkpoint.gguf.stored_as())
+        files = 1
+    else:
+        tensors, origin = read_checkpoint(checkpoint.path, lazy=True)
+        sizes = Counter()
+        for tensor in tensors.values():
+            if isinstance(tensor, Bf16Array):
+                sizes["bfloat16"] += tensor.bits.nbytes
+            else:
+                sizes[str(tensor.dtype)] += tensor.nbytes
+        files = len(set(origin.values()))
     return (", ".join(f"{dtype} {human_bytes(n)}" for dtype, n in sizes.most_common())
             + f" in {files} file{'s' * (files != 1)}")
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from tinyinfer.config import load_config
-    from tinyinfer.model import resolve_source
+    from tinyinfer.model import open_checkpoint
     from tinyinfer.quant import read_quant_config, weight_memory_table
 
-    path, name = resolve_source(args.model)
-    c = load_config(path)
-    saved = read_quant_config(path)
-    stored = _stored_as(path)
+    checkpoint = open_checkpoint(args.model)
+    path, name, c = checkpoint.path, checkpoint.name, checkpoint.config
+    saved = read_quant_config(path) if checkpoint.gguf is None else checkpoint.gguf.kept_format()
+    stored = _stored_as(checkpoint)
     params = c.num_parameters
     rows = [
         ("model", f"{name} ({path})"),

@@ -60,21 +60,23 @@ def quant_config_from_args(args: argparse.Namespace) -> QuantConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Quantize, write, and print sizes and per-layer-type errors."""
-    from tinyinfer.config import load_config
-    from tinyinfer.model import resolve_source
+    from tinyinfer.model import open_checkpoint
     from tinyinfer.weights import load_weights
 
     if args.model is None:
         raise TinyInferError("quantize needs --model: 'bundled', 'bundled-draft' or a model folder")
     qconfig = quant_config_from_args(args)
-    source, name = resolve_source(args.model)
+    checkpoint = open_checkpoint(args.model)
+    source, name, config = checkpoint.path, checkpoint.name, checkpoint.config
+    if checkpoint.gguf is not None:
+        raise TinyInferError(f"{source} is a GGUF file, quantized in blocks of its own: load it as it "
+                             "is, or quantize it as it loads (--quantize) if its weights are floats")
     out = Path(args.output).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise TinyInferError(f"{out} already exists and is not an empty folder: choose another -o")
     saved = read_quant_config(source)
     if saved is not None:
         raise TinyInferError(f"{source} is already quantized ({saved.name}): quantize the original checkpoint")
-    config = load_config(source)
     weights = load_weights(source, config)
     quantized = quantize_weights(weights, qconfig)
     float_dtype = config.dtype if config.dtype in ("float16", "bfloat16") else "float32"

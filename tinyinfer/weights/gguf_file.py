@@ -237,9 +237,8 @@ class GGUFCheckpoint:
                 continue
             hf[hf_name] = (tensor, name)
             origin[hf_name] = f"{self.path} ({name})"
-        linear = {n: t.tensor_type for n, (t, _) in hf.items() if _is_linear(n)}
-        kinds = Counter(linear.values())
-        kept = KEPT.get(kinds.most_common(1)[0][0]) if len(kinds) == 1 else None
+        linear = {n for n in hf if _is_linear(n)}
+        kept = self.kept_format()
         arrays = {}
         for hf_name, (tensor, name) in hf.items():
             keep = kept is not None and hf_name in linear
@@ -250,6 +249,20 @@ class GGUFCheckpoint:
             arrays[hf_name] = value
         weights = map_weights(config, arrays, origin)
         return weights, kept
+
+    def kept_format(self) -> QuantConfig | None:
+        """The tinyinfer format the linear layers stay in: one that all of their blocks are in,
+        or None (floats, other block formats, or a mix: all dequantized)."""
+        kinds = {tensor.tensor_type for name, tensor in self.tensors.items()
+                 if _is_linear(self._hf_name(name) or "")}
+        return KEPT.get(kinds.pop()) if len(kinds) == 1 else None
+
+    def stored_as(self) -> dict[str, int]:
+        """Bytes of the file's tensors by block format, most first (F32, Q4_1, ...)."""
+        sizes: Counter[str] = Counter()
+        for tensor in self.tensors.values():
+            sizes[tensor.tensor_type.name] += int(tensor.n_bytes)
+        return dict(sizes.most_common())
 
     def _hf_name(self, name: str) -> str | None:
         if name in TOP_NAMES:

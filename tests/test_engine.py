@@ -210,3 +210,33 @@ def test_a_corrupt_row_fails_only_the_greedy_requests_that_reach_it(oracle_model
     assert failed.finish_reason == "error"
     assert [o.token_ids for o in others] == alone
     assert engine.pool.num_used_pages == 0
+
+
+class CountingStr(str):
+    """A stop string that counts the characters read out of it (by index or slice)."""
+
+    read = 0
+
+    def __getitem__(self, key):
+        piece = super().__getitem__(key)
+        CountingStr.read += len(piece)
+        return piece
+
+
+def test_streaming_with_long_stop_strings_reads_each_character_a_few_times(text_model_folder):
+    # Holding back a possible stop-string start once sliced every prefix of every stop string
+    # after every token: work quadratic in the text, 16 stops of 60k characters cut the decode
+    # rate by a quarter. Read through an automaton, each new character costs a few reads.
+    model = tinyinfer.load(text_model_folder)
+    stops = [CountingStr(chr(1 + i) * 5000) for i in range(4)]  # never whole in 60 tokens
+    engine = tinyinfer.Engine(model)
+    params = tinyinfer.SamplingParams(max_tokens=60, temperature=0, ignore_eos=True, stop=stops)
+    request_id = engine.add_request("To be, or not to be", params)
+    CountingStr.read = 0
+    streamed = ""
+    while engine.has_unfinished():
+        engine.step()
+        streamed += engine.stream_text(request_id)
+    text = engine.release(request_id).text
+    assert streamed == text and len(text) > 60
+    assert CountingStr.read <= 3 * len(stops) * len(text)

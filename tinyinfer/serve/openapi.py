@@ -143,7 +143,18 @@ def _answers() -> dict[str, Any]:
                                "system_fingerprint": {"type": "string"},
                                "choices": {"type": "array", "items": choice}, "usage": usage}}
 
+    def chunk(kind: str) -> dict[str, Any]:
+        return {"type": "object", "required": ["id", "object", "created", "model", "choices"],
+                "properties": {"id": {"type": "string"}, "object": {"enum": [kind]},
+                               "created": integer, "model": {"type": "string"},
+                               "choices": {"type": "array", "items": {
+                                   "type": "object", "required": ["index", "finish_reason"],
+                                   "properties": {"index": integer, "finish_reason": finish}}},
+                               "usage": usage}}
+
     return {
+        "CompletionChunk": chunk("text_completion"),
+        "ChatCompletionChunk": chunk("chat.completion.chunk"),
         "Completion": envelope("text_completion", {
             "type": "object", "required": ["index", "text", "finish_reason"],
             "properties": {"index": integer, "text": {"type": "string"}, "finish_reason": finish,
@@ -195,6 +206,14 @@ def _error(status: str) -> dict[str, Any]:
     return {"description": ERRORS[status], "content": {"application/json": {"schema": _ref("Error")}}}
 
 
+def _event(chunk: str) -> dict[str, Any]:
+    """One server-sent event of a stream: a chunk, an error object, or the closing [DONE]."""
+    json_data = {"type": "string", "contentMediaType": "application/json",
+                 "contentSchema": {"anyOf": [_ref(chunk), _ref("Error")]}}
+    return {"type": "object", "required": ["data"],
+            "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}}}
+
+
 def _generation(summary: str, request: str, answer: str) -> dict[str, Any]:
     return {"post": {
         "summary": summary,
@@ -204,7 +223,7 @@ def _generation(summary: str, request: str, answer: str) -> dict[str, Any]:
             "200": {"description": "the whole answer, or with stream: true server-sent events "
                                    "(data: chunk lines, then data: [DONE])",
                     "content": {"application/json": {"schema": _ref(answer)},
-                                "text/event-stream": {"schema": {"type": "string"}}}},
+                                "text/event-stream": {"schema": _event(f"{answer}Chunk")}}},
             **{status: _error(status) for status in ERRORS}}}}
 
 

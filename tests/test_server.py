@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import tinyinfer
 from tests.held import HeldEngine, server_log, tracebacks
-from tinyinfer.serve.server import ServerConfig, ServerThread
+from tinyinfer.serve.host import ServerThread
+from tinyinfer.serve.server import ServerConfig
 
 MAX_NUM_SEQS = 8
 SHARED_PROMPT = ("Or to take arms against a sea of troubles, and by opposing end them. "

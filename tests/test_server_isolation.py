@@ -16,7 +16,8 @@ import pytest
 
 import tinyinfer
 from tests.held import HeldEngine, server_log, tracebacks
-from tinyinfer.serve.server import ServerConfig, ServerThread
+from tinyinfer.serve.host import ServerThread
+from tinyinfer.serve.server import ServerConfig
 from tinyinfer.weights import read_safetensors, write_safetensors
 
 

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 import tinyinfer
 from tests.conftest import INTERRUPTIBLE
 from tests.held import HeldEngine, server_log, tracebacks
-from tinyinfer.serve.server import ServerConfig, ServerThread
+from tinyinfer.serve.host import ServerThread
+from tinyinfer.serve.server import ServerConfig
 
 LONG = {"max_tokens": 240, "ignore_eos": True, "temperature": 0}
 

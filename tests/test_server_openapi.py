@@ -20,7 +20,8 @@ from schemathesis.checks import (
 )
 
 import tinyinfer
-from tinyinfer.serve.server import ServerConfig, ServerThread
+from tinyinfer.serve.host import ServerThread
+from tinyinfer.serve.server import ServerConfig
 
 MAX_NUM_SEQS = 4
 

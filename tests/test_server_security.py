@@ -15,7 +15,8 @@ import pytest
 
 import tinyinfer
 from tinyinfer.cli import serve as cli_serve
-from tinyinfer.serve.server import ServerConfig, ServerThread
+from tinyinfer.serve.host import ServerThread
+from tinyinfer.serve.server import ServerConfig
 
 KEY = "sk-test-0123456789"
 EVIL = "https://evil.example"

@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     import tinyinfer
     from tinyinfer.cli.args import load_model
     from tinyinfer.errors import TinyInferError
-    from tinyinfer.serve.server import ServerConfig, listen, serve
+    from tinyinfer.serve.host import listen, serve
+    from tinyinfer.serve.server import ServerConfig
 
     for name in ("max_num_seqs", "request_timeout", "shutdown_timeout"):
         if getattr(args, name) <= 0:

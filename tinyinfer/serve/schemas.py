@@ -119,8 +119,9 @@ class Range:
         return above and value <= self.high  # NaN holds nowhere
 
     def describe(self) -> str:
-        article = "an integer" if self.kind == "integer" else "a number"
-        return f"{article} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+        if self.kind == "integer":
+            return f"an integer in [{int(self.low)}, {int(self.high)}]"
+        return f"a number in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
 
 
 def ranges(limits: Limits) -> dict[str, Range]:

@@ -108,12 +108,13 @@ async def run_level(url: str, model: str, concurrency: int, rounds: int, max_tok
 def serve_forever(model: str, runner: str, port: int, max_num_seqs: int, max_queue: int) -> None:
     """Child process: load the model and serve it (as `tinyinfer serve` does)."""
     import tinyinfer
-    from tinyinfer.serve.server import ServerConfig, serve
+    from tinyinfer.serve.host import listen, serve
+    from tinyinfer.serve.server import ServerConfig
 
     engine = tinyinfer.Engine(tinyinfer.load(model, runner=runner), max_num_seqs=max_num_seqs,
                               detail="none")
     serve(engine, ServerConfig(served_model_name="load-test", max_queue=max_queue),
-          port=port, log_level="warning")
+          listen("127.0.0.1", port), log_level="warning")
 
 
 def wait_for_server(url: str, process: multiprocessing.Process, timeout: float = 300) -> None:

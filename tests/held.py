@@ -1,8 +1,12 @@
-"""An engine the test decides the pace of, for server tests that must not race the decoder."""
+"""Server test support: an engine the test decides the pace of, for tests that must not race
+the decoder, and a capture of the server's log, for tests that promise no traceback."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
+from typing import Iterator
 
 import tinyinfer
 from tinyinfer.trace import StepTrace
@@ -36,3 +40,26 @@ class HeldEngine(tinyinfer.Engine):
         if not self._go.wait(0.01):  # the wait only keeps the held loop from spinning hot
             return StepTrace(step=self.step_count, seqs=())
         return super().step()
+
+
+@contextlib.contextmanager
+def server_log() -> Iterator[list[logging.LogRecord]]:
+    """Every record uvicorn and tinyinfer log meanwhile (uvicorn's loggers do not propagate to
+    the root logger, so pytest's caplog would miss them)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    loggers = [logging.getLogger(name) for name in ("uvicorn", "tinyinfer")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def tracebacks(records: list[logging.LogRecord]) -> list[str]:
+    """The records that carry a traceback, or that log an error, as one line each."""
+    return [f"{r.name}: {r.getMessage()}" for r in records
+            if r.exc_info or r.levelno >= logging.ERROR]

@@ -17,7 +17,7 @@ from tinyinfer.chat import (
     SimpleChatTemplate,
     load_chat_template,
 )
-from tinyinfer.serve.server import ServerThread
+from tinyinfer.serve.host import ServerThread
 
 # A ChatML-like template ending every turn with the eos token, as many checkpoints do.
 TEMPLATE = (

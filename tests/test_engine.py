@@ -151,3 +151,92 @@ def test_full_detail_records_top_logits_and_reference_attention(model):
         assert len(seq.attention[0][0]) == 6  # the decoded token attends over 6 positions
         assert abs(sum(seq.attention[1][2]) - 1) < 1e-5
     assert StepTrace.from_json(decode.to_json()) == decode
+
+
+# ----------------------------------------------------------------- the guard against bad rows
+
+
+def slipped_params(**fields) -> tinyinfer.SamplingParams:
+    """Sampling params with values set past validation, as a hole in it would let through."""
+    params = tinyinfer.SamplingParams(max_tokens=10, temperature=0.8, seed=3)
+    for name, value in fields.items():
+        object.__setattr__(params, name, value)
+    return params
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_a_request_whose_settings_overflow_fails_alone(model):
+    # 1e-310 divides every seen positive logit to +inf: no token can be chosen for that row.
+    bad = slipped_params(repetition_penalty=1e-310)
+    good = [tinyinfer.SamplingParams(max_tokens=10, temperature=0.8, seed=s) for s in (1, 2)]
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    alone = [tinyinfer.Engine(model).generate([p], sp)[0] for p, sp in zip(prompts[1:], good)]
+    engine = tinyinfer.Engine(model)
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, [bad, *good])]
+    traces = []
+    while engine.has_unfinished():
+        traces.append(engine.step())
+    failed, *others = [engine.release(i) for i in ids]
+    assert failed.finish_reason == "error" and "NaN or +inf" in failed.error
+    assert [o.token_ids for o in others] == [a.token_ids for a in alone]
+    assert all(o.error is None for o in others)
+    assert [s.finish_reason for t in traces for s in t.seqs if s.request_id == ids[0]] == ["error"]
+    assert engine.pool.num_used_pages == 0
+    with pytest.raises(tinyinfer.TinyInferError, match="NaN or \\+inf"):
+        tinyinfer.Engine(model).generate([5, 6, 7], bad)
+
+
+def test_a_corrupt_row_fails_only_the_greedy_requests_that_reach_it(oracle_model, runner_name,
+                                                                     tmp_path):
+    # A real fault: one NaN embedding row; greedy requests take the fast top-k path.
+    import shutil
+
+    from tinyinfer.weights import read_safetensors, write_safetensors
+
+    folder, _ = oracle_model("llama-gqa-untied")
+    shutil.copytree(folder, tmp_path / "m")
+    tensors = {k: np.array(v) for k, v in read_safetensors(tmp_path / "m" / "model.safetensors").items()}
+    tensors["model.embed_tokens.weight"][7] = np.nan
+    write_safetensors(tmp_path / "m" / "model.safetensors", tensors)
+    healthy = tinyinfer.load(folder, runner=runner_name)
+    corrupt = tinyinfer.load(tmp_path / "m", runner=runner_name)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]  # only the first holds token 7
+    alone = [tinyinfer.Engine(healthy).generate([p], GREEDY)[0].token_ids for p in prompts[1:]]
+    engine = tinyinfer.Engine(corrupt)
+    ids = [engine.add_request(p, GREEDY) for p in prompts]
+    while engine.has_unfinished():
+        engine.step()
+    failed, *others = [engine.release(i) for i in ids]
+    assert failed.finish_reason == "error"
+    assert [o.token_ids for o in others] == alone
+    assert engine.pool.num_used_pages == 0
+
+
+class CountingStr(str):
+    """A stop string that counts the characters read out of it (by index or slice)."""
+
+    read = 0
+
+    def __getitem__(self, key):
+        piece = super().__getitem__(key)
+        CountingStr.read += len(piece)
+        return piece
+
+
+def test_streaming_with_long_stop_strings_reads_each_character_a_few_times(text_model_folder):
+    # Holding back a possible stop-string start once sliced every prefix of every stop string
+    # after every token: work quadratic in the text, 16 stops of 60k characters cut the decode
+    # rate by a quarter. Read through an automaton, each new character costs a few reads.
+    model = tinyinfer.load(text_model_folder)
+    stops = [CountingStr(chr(1 + i) * 5000) for i in range(4)]  # never whole in 60 tokens
+    engine = tinyinfer.Engine(model)
+    params = tinyinfer.SamplingParams(max_tokens=60, temperature=0, ignore_eos=True, stop=stops)
+    request_id = engine.add_request("To be, or not to be", params)
+    CountingStr.read = 0
+    streamed = ""
+    while engine.has_unfinished():
+        engine.step()
+        streamed += engine.stream_text(request_id)
+    text = engine.release(request_id).text
+    assert streamed == text and len(text) > 60
+    assert CountingStr.read <= 3 * len(stops) * len(text)

@@ -11,6 +11,7 @@ from hypothesis.extra import numpy as hnp
 from tinyinfer.errors import SamplingParamsError, TinyInferError
 from tinyinfer.sampling import (
     SamplingParams,
+    StopHoldback,
     TokenChoice,
     apply_penalties,
     find_stop,
@@ -19,7 +20,6 @@ from tinyinfer.sampling import (
     probs_from_logits,
     sample_from_probs,
     sample_next,
-    stop_holdback,
 )
 
 
@@ -74,6 +74,8 @@ INVALID = [
     ({"repetition_penalty": 0.0}, "repetition_penalty"),
     ({"repetition_penalty": -1.0}, "repetition_penalty"),
     ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+    ({"repetition_penalty": 1e-310}, "repetition_penalty"),  # would overflow logits to +inf
+    ({"repetition_penalty": 1e300}, "repetition_penalty"),  # would send seen logits to -inf
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"presence_penalty": float("-inf")}, "presence_penalty"),
     ({"frequency_penalty": -3}, "frequency_penalty"),
@@ -448,7 +450,19 @@ def test_find_stop(text, stops, expected):
     ],
 )
 def test_stop_holdback(text, stops, expected):
-    assert stop_holdback(text, stops) == expected
+    assert StopHoldback(stops).holdback(text) == expected
+
+
+def test_stop_holdback_follows_a_growing_text():
+    """Fed piece by piece, the automaton agrees with a from-scratch answer at every length."""
+    stops = ["abab", "abac", "bb", "aab"]
+    text = "abababacabbaababaabab"
+    growing = StopHoldback(stops)
+    for end in range(len(text) + 1):
+        assert growing.holdback(text[:end]) == StopHoldback(stops).holdback(text[:end]), end
+        longest = max((k for s in stops for k in range(1, len(s)) if text[:end].endswith(s[:k])),
+                      default=0)
+        assert growing.holdback(text[:end]) == longest
 
 
 @pytest.mark.parametrize("logprobs", [None, 0, 3])

@@ -16,8 +16,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import tinyinfer
-from tests.held import HeldEngine
-from tinyinfer.serve.server import ServerConfig, ServerThread
+from tests.held import HeldEngine, server_log, tracebacks
+from tinyinfer.serve.host import ServerThread
+from tinyinfer.serve.server import ServerConfig
 
 MAX_NUM_SEQS = 8
 SHARED_PROMPT = ("Or to take arms against a sea of troubles, and by opposing end them. "
@@ -273,17 +274,22 @@ def test_disconnecting_streams_free_pages_and_others_keep_streaming(server, mode
     assert after["tinyinfer_sequences_finished_total{reason=abort}"] >= 4
 
 
-def test_disconnecting_before_a_whole_answer_frees_pages(model):
+def test_disconnecting_before_a_whole_answer_frees_pages_and_counts_499(model):
     engine = HeldEngine(model)
     engine.hold(after_first_text=True)  # the answer cannot be whole before the client leaves
-    with ServerThread(engine) as live:
+    with server_log() as log, ServerThread(engine) as live:
         body = {"model": model.name, "prompt": "Impatient", "max_tokens": 240, "ignore_eos": True}
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{live.url}/v1/completions", json=body,
-                       timeout=httpx.Timeout(10, read=0.2))
+        for _ in range(3):
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{live.url}/v1/completions", json=body,
+                           timeout=httpx.Timeout(10, read=0.2))
         state = wait_until_idle(live)
         assert (state["running"], state["kv_pages_used"]) == (0, 0)
-        assert metrics(live)["tinyinfer_request_aborts_total{reason=disconnect}"] == 1
+        counted = metrics(live)
+        assert counted["tinyinfer_request_aborts_total{reason=disconnect}"] == 3
+        assert counted["tinyinfer_requests_total{endpoint=/v1/completions,status=499}"] == 3
+        assert "tinyinfer_requests_total{endpoint=/v1/completions,status=500}" not in counted
+    assert tracebacks(log) == []
 
 
 def test_metrics_count_requests_tokens_and_latencies(server, client, model):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -20,8 +21,9 @@ from hypothesis import strategies as st
 
 import tinyinfer
 from tests.conftest import INTERRUPTIBLE
-from tests.held import HeldEngine
-from tinyinfer.serve.server import ServerConfig, ServerThread
+from tests.held import HeldEngine, server_log, tracebacks
+from tinyinfer.serve.host import ServerThread
+from tinyinfer.serve.server import ServerConfig
 
 LONG = {"max_tokens": 240, "ignore_eos": True, "temperature": 0}
 
@@ -39,7 +41,8 @@ def server(model):
 
 @pytest.fixture(scope="module")
 def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
+    with httpx.Client(base_url=server.url, timeout=60,
+                      headers={"Content-Type": "application/json"}) as client:
         yield client
 
 
@@ -50,6 +53,18 @@ def error_of(response: httpx.Response, status: int) -> dict:
     assert isinstance(error["message"], str) and error["message"]
     assert set(error) == {"message", "type", "param", "code"}
     return error
+
+
+def health(url: str) -> dict:
+    return httpx.get(f"{url}/health", timeout=10).json()
+
+
+def wait_until(condition, timeout: float = 30.0) -> None:
+    """Poll until the condition holds (the server's state changes on its own threads)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the server never reached the awaited state"
+        time.sleep(0.02)
 
 
 def wait_until_idle(url: str, timeout: float = 10.0) -> dict:
@@ -81,11 +96,24 @@ def test_non_object_json_is_400(http, body):
     ("logprobs", 99), ("prompt", []), ("prompt", [[]]), ("prompt", [1, "a"]), ("prompt", [-1]),
     ("prompt", ""), ("stream_options", {"include_usage": "yes"}), ("echo", True),
     ("logit_bias", {"5": 10}), ("bogus_field", 1), ("presence_penalty", float("inf")),
+    ("repetition_penalty", 1e-310), ("repetition_penalty", 0), ("repetition_penalty", 1e300),
+    ("temperature", 2.5), ("temperature", float("nan")), ("top_k", 2**40), ("seed", 2**64),
+    ("min_tokens", 10**9), ("user", 5), ("store", "yes"), ("metadata", []), ("stop", ""),
 ])
 def test_wrong_values_are_400(http, model, field, value):
     body = {"model": model.name, "prompt": "To be", "max_tokens": 4, field: value}
     error = error_of(http.post("/v1/completions", content=json.dumps(body)), 400)
     assert field in error["message"] or field == "prompt" or error["param"] == field
+
+
+def test_an_unknown_field_named_by_a_lone_surrogate_is_a_clean_400(http, model):
+    # JSON may spell a lone surrogate ("\ud800"), which no UTF-8 text can hold; the error
+    # object names the field by its escape, so it always encodes.
+    data = '{"model": "%s", "prompt": "x", "\\ud800": 1}' % model.name
+    response = http.post("/v1/completions", content=data.encode())
+    assert response.headers["content-type"] == "application/json"
+    error = error_of(response, 400)
+    assert error["param"] == "\\ud800" and "\\ud800" in error["message"]
 
 
 @pytest.mark.parametrize("messages", [
@@ -232,23 +260,30 @@ def test_shutdown_lets_in_flight_streams_finish(model):
         httpx.get(f"{url}/health")
 
 
-def test_shutdown_past_its_grace_period_aborts_and_frees_pages(model):
+def test_shutdown_past_its_grace_period_keeps_the_documented_promise(model):
+    """Past --shutdown-timeout a stream gets an error event and [DONE], a whole request a JSON
+    503 with Retry-After; no traceback is logged and every page is freed."""
     engine = HeldEngine(model)
-    engine.hold(after_first_text=True)  # the stream gets its first event, then waits
+    engine.hold(after_first_text=True)  # the stream gets its first event; then nothing finishes
     live = ServerThread(engine, shutdown_timeout=0.2).start()
-    body = {"model": model.name, "prompt": "Too long", "stream": True, **LONG}
-    events = []
-    with pytest.raises(httpx.HTTPError):
-        with httpx.stream("POST", f"{live.url}/v1/completions", json=body, timeout=30) as response:
-            for line in response.iter_lines():
-                if line:
-                    events.append(line)
-                    if len(events) == 1:
-                        threading.Thread(target=live.stop).start()
-    # The grace period ran out with the stream unfinished (held after its first token), the
-    # server cut it off, and shutting down must abort the request and free its pages.
-    assert len(events) == 1 and "data: [DONE]" not in events
-    live.stop()
+    body = {"model": model.name, "prompt": "Too long", **LONG}
+    with server_log() as log, httpx.Client(base_url=live.url, timeout=30) as http, \
+            ThreadPoolExecutor(2) as pool:
+        with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as stream:
+            lines = stream.iter_lines()
+            events = [next(lines)]  # the first token's event: the engine is held from now on
+            whole = pool.submit(http.post, "/v1/completions", json=body)
+            wait_until(lambda: health(live.url)["waiting"] + health(live.url)["running"] == 2)
+            stopper = pool.submit(live.stop)
+            events += [line for line in lines if line]
+        answer = whole.result()
+        stopper.result()
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["type"] == "server_error" and error["code"] == "shutting_down"
+    assert error_of(answer, 503)["code"] == "shutting_down"
+    assert int(answer.headers["retry-after"]) > 0
+    assert tracebacks(log) == []
     assert not engine.has_unfinished()
     assert engine.pool.num_used_pages == 0
 

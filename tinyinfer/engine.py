@@ -20,6 +20,7 @@ import numpy as np
 from tinyinfer.engine_config import EngineConfig
 from tinyinfer.errors import (
     ContextOverflowError,
+    InvalidLogitsError,
     OutOfPagesError,
     PromptError,
     TinyInferError,
@@ -30,13 +31,13 @@ from tinyinfer.runners.runner import Batch, make_batch
 from tinyinfer.sampling import (
     MAX_LOGPROBS,
     SamplingParams,
+    StopHoldback,
     TokenChoice,
     find_stop,
     greedy_choice,
     greedy_choices_from_top,
     is_plain_greedy,
     sample_next,
-    stop_holdback,
 )
 from tinyinfer.scheduler import (
     Chunk,
@@ -91,6 +92,7 @@ class Completion:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
     metrics: RequestMetrics | None = None
+    error: str | None = None  # why a request with finish_reason "error" failed
 
 
 @dataclass
@@ -101,6 +103,8 @@ class _Request:
     text: str = ""
     streamed: int = 0  # characters of text already handed to a stream
     choices: list[TokenChoice] = field(default_factory=list)
+    holdback: StopHoldback | None = None  # for streaming: how much text could begin a stop
+    error: str | None = None
 
 
 class Engine:
@@ -173,7 +177,8 @@ class Engine:
         seq = Sequence(seq_id, request_id, prompt_ids, params, rng)
         tokenizer = self.model.tokenizer if self.model.has_tokenizer else None
         decoder = IncrementalDecoder(tokenizer, prompt_ids) if tokenizer is not None else None
-        self._requests[request_id] = _Request(seq, decoder, RequestMetrics(time.perf_counter()))
+        self._requests[request_id] = _Request(seq, decoder, RequestMetrics(time.perf_counter()),
+                                              holdback=StopHoldback(params.stop))
         self.scheduler.add(seq)
         return request_id
 
@@ -215,6 +220,7 @@ class Engine:
             logprobs=[c.logprob for c in r.choices],
             top_logprobs=[c.top_logprobs for c in r.choices],
             metrics=r.metrics,
+            error=r.error,
         )
 
     def release(self, request_id: str) -> Completion:
@@ -235,8 +241,10 @@ class Engine:
         drafts = self._draft(out.chunks)
         t2 = time.perf_counter()
         if not drafts and self._greedy_only(out.chunks):
-            steps, freed, t3 = self._greedy_step(out.chunks)
-            return self._finish_step(out, steps, freed, t0, t1, t2, t3)
+            greedy = self._greedy_step(out.chunks)
+            if greedy is not None:
+                steps, freed, t3 = greedy
+                return self._finish_step(out, steps, freed, t0, t1, t2, t3)
         logits, rows = self._forward(out.chunks, drafts)
         t3 = time.perf_counter()
         steps, freed = [], []
@@ -289,15 +297,25 @@ class Engine:
                 and all(is_plain_greedy(c.seq.params, len(c.seq.output_ids), TOP_FOR_GREEDY)
                         for c in chunks))
 
-    def _greedy_step(self, chunks: list[Chunk]) -> tuple[list[SeqStep], list[int], float]:
-        """Forward with top-k logits only (no [R, V] transfer), then pick each argmax."""
+    def _greedy_step(self, chunks: list[Chunk]) -> tuple[list[SeqStep], list[int], float] | None:
+        """Forward with top-k logits only (no [R, V] transfer), then pick each argmax.
+
+        None when the runner refused a row of invalid logits while reducing them: the step then
+        runs again with full rows (writing the same K/V), which sorts the bad rows out one by one.
+        """
         batch, _ = self._pack(chunks, {})
-        top = self.model.runner.forward_top(batch, self.kv_cache, TOP_FOR_GREEDY)
+        try:
+            top = self.model.runner.forward_top(batch, self.kv_cache, TOP_FOR_GREEDY)
+        except InvalidLogitsError:
+            return None
         t3 = time.perf_counter()
-        choices = greedy_choices_from_top(top.ids, top.values, top.logsumexp, [c.seq.params for c in chunks])
+        valid = np.isfinite(top.logsumexp)  # [R]; NaN or +inf anywhere in a row, or all -inf
+        with np.errstate(invalid="ignore"):
+            choices = greedy_choices_from_top(top.ids, top.values, top.logsumexp,
+                                              [c.seq.params for c in chunks])
         steps, freed = [], []
-        for chunk, choice in zip(chunks, choices):
-            seq_step, pages = self._advance(chunk, lambda choice=choice: choice)
+        for chunk, choice, ok in zip(chunks, choices, valid):
+            seq_step, pages = self._advance(chunk, (lambda choice=choice: choice) if ok else _invalid_row)
             steps.append(seq_step)
             freed += pages
         return steps, freed, t3
@@ -360,7 +378,10 @@ class Engine:
         self.pool.commit(seq.seq_id, seq.all_ids, chunk.end)
         if not chunk.samples:
             return SeqStep(**base), []
-        choice = choose()
+        try:
+            choice = choose()
+        except InvalidLogitsError as exc:
+            return self._fail(seq, base, exc)
         token_text, reason = self._accept(seq, choice)
         pages = self._finish(seq, reason) if reason is not None else []
         return SeqStep(**base, token_id=choice.token_id, token_text=token_text,
@@ -373,7 +394,11 @@ class Engine:
         seq = chunk.seq
         base = self._base_step(chunk)
         eos = self.model.eos_token_ids
-        result = verify(logits, draft, seq, eos_token_id=eos[0] if eos else None)
+        try:
+            result = verify(logits, draft, seq, eos_token_id=eos[0] if eos else None)
+        except InvalidLogitsError as exc:
+            seq_step, pages = self._fail(seq, base, exc)
+            return seq_step, pages, len(logits) - 1
         text, reason, emitted = "", None, []
         for choice in result.choices:
             piece, reason = self._accept(seq, choice)
@@ -401,6 +426,13 @@ class Engine:
                        token_text=text, logprob=choice.logprob, candidates=self._candidates(choice),
                        finish_reason=reason, draft_tokens=draft.tokens, accepted=result.accepted,
                        emitted=tuple(emitted)), pages, len(emitted) - 1
+
+    def _fail(self, seq: Sequence, base: dict, exc: InvalidLogitsError) -> tuple[SeqStep, list[int]]:
+        """The guard: a row no token can be chosen from ends its own request (finish reason
+        "error", pages freed), never the step, so the rest of the batch goes on."""
+        self._requests[seq.request_id].error = (f"request {seq.request_id} stopped: {exc} (a "
+                                                "corrupt checkpoint, or settings that overflow)")
+        return SeqStep(**base, finish_reason="error"), self._finish(seq, "error")
 
     def _accept(self, seq: Sequence, choice: TokenChoice) -> tuple[str, str | None]:
         """Append a sampled token to the output; return its text and a finish reason, if any."""
@@ -496,8 +528,8 @@ class Engine:
         """New text of a request since the last call, holding back a possible stop-string start."""
         r = self._requests[request_id]
         end = len(r.text)
-        if r.seq.finish_reason is None:
-            end -= stop_holdback(r.text, r.seq.params.stop)
+        if r.seq.finish_reason is None and r.holdback is not None:
+            end -= r.holdback.holdback(r.text)
         piece = r.text[r.streamed:end]
         r.streamed = max(r.streamed, end)
         return piece
@@ -522,7 +554,9 @@ class Engine:
         finally:
             if self.completion(request_id).finish_reason is None:
                 self.abort_request(request_id)
-            self.release(request_id)
+            done = self.release(request_id)
+        if done.error is not None:
+            raise InvalidLogitsError(done.error)
 
     def generate(self, prompts: str | Seq[int] | list[str] | list[list[int]],
                  params: SamplingParams | list[SamplingParams] | None = None) -> list[Completion]:
@@ -543,7 +577,11 @@ class Engine:
             raise
         while any(self.completion(i).finish_reason is None for i in ids):
             self.step()
-        return [self.release(i) for i in ids]
+        done = [self.release(i) for i in ids]
+        failed = [c.error for c in done if c.error is not None]
+        if failed:
+            raise InvalidLogitsError(failed[0])
+        return done
 
 
 class DraftRun:
@@ -607,6 +645,10 @@ class DraftRun:
         """The sequence is gone: free its draft pages."""
         if self.computed.pop(seq.seq_id, None) is not None:
             self.pool.free(seq.seq_id)
+
+
+def _invalid_row() -> TokenChoice:
+    raise InvalidLogitsError("logits contain NaN or +inf; the model produced invalid output")
 
 
 def _check_drafter(model: Model, drafter: Drafter, num_draft: int) -> None:

@@ -29,6 +29,11 @@ class ContextOverflowError(PromptError):
     """Prompt plus requested output is longer than the model's context window."""
 
 
+class InvalidLogitsError(TinyInferError, ValueError):
+    """A row of logits holds NaN or +inf, or only -inf, so no token can be chosen: the checkpoint
+    is corrupt, or a request's settings overflowed the math. The engine fails that request alone."""
+
+
 class OutOfPagesError(TinyInferError):
     """The KV page pool cannot hold what was asked of it, even after evicting cached pages."""
 

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyinfer.errors import SamplingParamsError
+from tinyinfer.errors import InvalidLogitsError, SamplingParamsError
 
 MAX_LOGPROBS = 20
+# Repetition penalties divide (or multiply) logits: inside this range a finite float32 logit stays
+# finite in float64 by far, and every practical setting (about 1 to 2) fits.
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
 TUI_TOP_CANDIDATES = 5
 # Cumulative sums of float64 probabilities drift by a few ulps; a nucleus that reaches
 # top_p up to this slack counts as reaching it, so hand-built cases behave as written.
@@ -100,8 +103,8 @@ class SamplingParams:
             "repetition_penalty": _check_float(
                 "repetition_penalty",
                 self.repetition_penalty,
-                lambda r: r > 0,
-                "a finite number > 0 (1 turns it off)",
+                lambda r: REPETITION_PENALTY_RANGE[0] <= r <= REPETITION_PENALTY_RANGE[1],
+                "a number in [{:g}, {:g}] (1 turns it off)".format(*REPETITION_PENALTY_RANGE),
             ),
             "presence_penalty": _check_float(
                 "presence_penalty",
@@ -176,7 +179,7 @@ def _as_logits(logits: np.ndarray) -> np.ndarray:
     if x.ndim != 1 or x.size == 0:
         raise ValueError(f"logits must be a non-empty 1-D array [V], got shape {x.shape}")
     if np.isnan(x).any() or np.isposinf(x).any():
-        raise ValueError("logits contain NaN or +inf; the model produced invalid output")
+        raise InvalidLogitsError("logits contain NaN or +inf; the model produced invalid output")
     return x
 
 
@@ -221,7 +224,7 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Log-probabilities [V] float64 of raw logits: the model's own, unprocessed distribution."""
     x = _as_logits(logits)
     if np.isneginf(x).all():
-        raise ValueError("every logit is -inf, so no token can be chosen")
+        raise InvalidLogitsError("every logit is -inf, so no token can be chosen")
     shifted = x - x.max()
     return shifted - np.log(np.exp(shifted).sum())
 
@@ -255,7 +258,7 @@ def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """
     x = _as_logits(logits)  # [V]
     if np.isneginf(x).all():
-        raise ValueError("every logit is -inf, so no token can be chosen")
+        raise InvalidLogitsError("every logit is -inf, so no token can be chosen")
     if params.greedy:
         p = np.zeros_like(x)
         p[int(np.argmax(x))] = 1.0  # np.argmax returns the first maximum
@@ -396,12 +399,40 @@ def find_stop(text: str, stops: Sequence[str]) -> int | None:
     return min(hits) if hits else None
 
 
-def stop_holdback(text: str, stops: Sequence[str]) -> int:
-    """How many trailing characters of text could begin a stop string, so must not stream yet."""
-    longest = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), longest, -1):
-            if text.endswith(s[:k]):
-                longest = k
-                break
-    return longest
+class StopHoldback:
+    """How many trailing characters of a growing text could begin a stop string, so must not
+    stream yet. One Knuth-Morris-Pratt automaton per stop string reads each new character once
+    (amortised O(1)), so long stop strings cost no more per token than short ones; each string's
+    failure table is built only as far as the text has matched it."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = tuple(stops)
+        self._borders: list[list[int]] = [[0] for _ in self._stops]  # border[q-1]: of stop[:q]
+        self._states = [0] * len(self._stops)  # longest stop prefix the text now ends with
+        self._read = 0  # characters of the text read so far
+
+    def _border(self, i: int, q: int) -> int:
+        """Length of the longest proper prefix of stops[i][:q] that is also its suffix."""
+        stop, border = self._stops[i], self._borders[i]
+        while len(border) < q:  # extend the failure table by one entry (amortised O(1))
+            j, k = len(border), border[-1]
+            while k > 0 and stop[j] != stop[k]:
+                k = border[k - 1]
+            border.append(k + (stop[j] == stop[k]))
+        return border[q - 1]
+
+    def holdback(self, text: str) -> int:
+        """The holdback for `text`, which must extend the text of the previous call."""
+        new, self._read = text[self._read:], len(text)
+        longest = 0
+        for i, stop in enumerate(self._stops):
+            q = self._states[i]
+            for char in new:
+                while q > 0 and stop[q] != char:
+                    q = self._border(i, q)
+                q += stop[q] == char
+                if q == len(stop):  # the whole stop string: keep only what could start another
+                    q = self._border(i, q)
+            self._states[i] = q
+            longest = max(longest, q)
+        return longest

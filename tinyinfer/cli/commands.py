@@ -23,7 +23,7 @@ from tinyinfer.cli.common import (
 )
 from tinyinfer.display.tables import human_bytes
 from tinyinfer.engine_config import DEFAULTS
-from tinyinfer.errors import TinyInferError, missing_package
+from tinyinfer.errors import InvalidLogitsError, TinyInferError, missing_package
 from tinyinfer.runners import threads
 from tui import cli as tui_cli
 
@@ -207,6 +207,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     sys.stdout.write(engine.stream_text(request_id) + "\n")  # the tail held back for --stop
     done = engine.release(request_id)
+    if done.error is not None:
+        raise InvalidLogitsError(done.error)
     if args.stats:
         print(f"[{model.name} on {model.runner.name}] {generation_stats(done)}", file=sys.stderr)
         if engine.drafter is not None:

@@ -124,6 +124,12 @@ def _internal_error() -> APIError:
                     type="server_error")
 
 
+def _shutdown_error() -> APIError:
+    return APIError(503, "the server shut down before this request finished; send it again "
+                         "(to this server once it is back, or to another)",
+                    type="server_error", code="shutting_down", headers={"Retry-After": "5"})
+
+
 class EngineLoop:
     """Runs `engine.step()` in its own thread while any request is unfinished."""
 
@@ -157,21 +163,37 @@ class EngineLoop:
         if self._thread is not None:
             self._thread.join()
 
+    def expire(self) -> None:
+        """The shutdown's grace period is over: refuse new jobs and end every unfinished one
+        with a 503 (its handler answers it: an error event and [DONE], or a JSON error)."""
+        with self._lock:
+            self._closing = True
+        self._commands.put(("expire", None))
+
+    def check_room(self, sequences: int) -> None:
+        """Refuse at once (400, 503 or 429) what submit would refuse now: the cheap check a
+        handler makes before tokenizing anything."""
+        with self._lock:
+            self._check_room(sequences)
+
+    def _check_room(self, sequences: int) -> None:
+        if sequences > self.capacity:
+            raise APIError(400, f"this request asks for {sequences} sequences (prompts x n) but "
+                                f"the server holds at most {self.capacity}; send fewer", param="n")
+        if self._closing:
+            raise APIError(503, "the server is shutting down; retry against another instance",
+                           type="server_error", code="shutting_down", headers={"Retry-After": "5"})
+        if self._reserved + sequences > self.capacity:
+            raise APIError(429, f"the server is at capacity ({self.capacity} sequences "
+                                "running or queued); retry after a moment",
+                           type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": "1"})
+
     def submit(self, entries: Sequence[tuple[list[int], SamplingParams]], n: int,
                loop: asyncio.AbstractEventLoop) -> Job:
         """Queue a job, or refuse it at once when the server is full or closing."""
-        if len(entries) > self.capacity:
-            raise APIError(400, f"this request asks for {len(entries)} sequences (prompts x n) but "
-                                f"the server holds at most {self.capacity}; send fewer", param="n")
         with self._lock:
-            if self._closing:
-                raise APIError(503, "the server is shutting down; retry against another instance",
-                               type="server_error", headers={"Retry-After": "5"})
-            if self._reserved + len(entries) > self.capacity:
-                raise APIError(429, f"the server is at capacity ({self.capacity} sequences "
-                                    "running or queued); retry after a moment",
-                               type="rate_limit_error", code="queue_full",
-                               headers={"Retry-After": "1"})
+            self._check_room(len(entries))
             self._reserved += len(entries)
             job = Job(entries, n, loop)
             # Inside the lock: every accepted add is queued before stop() queues _STOP.
@@ -212,8 +234,10 @@ class EngineLoop:
                 kind, job = command  # type: ignore[misc]
                 if kind == "add":
                     self._add(job)
-                else:
+                elif kind == "cancel":
                     self._abort(job)
+                else:  # "expire": the grace period of a shutdown is over
+                    self._fail_all(_shutdown_error())
                 command = self._commands.get_nowait()
         except queue.Empty:
             return True
@@ -287,8 +311,16 @@ class EngineLoop:
     def _step(self) -> None:
         try:
             trace = self.engine.step()
-            events = [(self._owners[s.request_id][0], self._delta(s))
-                      for s in trace.seqs if s.token_id is not None]
+            # The engine's guard ended these sequences alone ("error"); their jobs fail whole.
+            failed = {self._owners[s.request_id][0]: s.request_id
+                      for s in trace.seqs if s.finish_reason == "error"}
+            events = [(job, self._delta(s)) for s in trace.seqs if s.token_id is not None
+                      and (job := self._owners[s.request_id][0]) not in failed]
+            for job, request_id in failed.items():
+                message = self.engine.completion(request_id).error or "the request failed"
+                log.warning("%s", message)
+                self._abort(job)
+                job.put(Failure(APIError(500, message, type="server_error")))
         except Exception:  # noqa: BLE001 - fail the running jobs, keep serving the next ones
             log.exception("engine step failed")
             self._fail_all(_internal_error())
@@ -330,8 +362,7 @@ class EngineLoop:
 
     def _shut_down(self) -> None:
         """Abort what still runs and refuse what was queued but never added."""
-        error = APIError(503, "the server shut down before this request finished",
-                         type="server_error", headers={"Retry-After": "5"})
+        error = _shutdown_error()
         self._fail_all(error)
         while True:
             try:

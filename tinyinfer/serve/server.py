@@ -5,9 +5,11 @@
     GET  /v1/models             the one served model
     GET  /health                liveness plus engine state (running, waiting, KV pages)
     GET  /metrics               Prometheus text: requests, tokens, TTFT / TPOT, pages, cache
+    GET  /openapi.json          the OpenAPI document of all of the above
 
-Handlers parse and check the body (server_schemas), turn it into token ids and sampling
-params, and hand a job to the engine thread (serve/loop.py); they never touch the engine.
+Handlers check the cheap things first (API key, Content-Type, size, prompts x n), then parse
+the body and tokenize on a worker thread, so the event loop keeps serving every other client,
+and hand a job to the engine thread (serve/loop.py); they never touch the engine.
 """
 
 from __future__ import annotations
@@ -16,13 +18,12 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-import uvicorn
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
@@ -40,29 +41,42 @@ from tinyinfer.errors import TinyInferError
 from tinyinfer.sampling import SamplingParams
 from tinyinfer.serve.loop import Delta, EngineLoop, Failure, Job, Usage
 from tinyinfer.serve.metrics import Metrics
+from tinyinfer.serve.openapi import document
 from tinyinfer.serve.responses import ChatShape, CompletionShape, Shape
 from tinyinfer.serve.schemas import (
     APIError,
+    Limits,
     Options,
     engine_error,
     parse_chat,
     parse_completion,
     parse_json_object,
 )
+from tinyinfer.serve.security import check_json_body, middleware
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used only in metrics
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
+             "/openapi.json")
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Server policy: the model's public name and the limits that protect the engine."""
+    """Server policy: the model's public name, the limits that protect the engine, and who may
+    call it."""
 
     served_model_name: str | None = None  # default: the model's own name
     max_queue: int = 64  # sequences allowed to wait beyond the running batch before 429
     request_timeout: float = 300.0  # seconds from arrival to the last token
     max_body_bytes: int = 1 << 20
+    api_key: str | None = field(default=None, repr=False)  # None: no key asked
+    open_probes: bool = False  # with a key: /health and /metrics answer without it
+    allowed_origins: tuple[str, ...] = ()  # web origins allowed by CORS; none by default
+
+
+DONE = "data: [DONE]\n\n"
+# A request ready for the engine: its sequences (token ids, sampling), options and answer shape.
+Prepared = tuple[list[tuple[list[int], SamplingParams]], Options, Shape]
 
 
 def _sse(payload: dict[str, Any]) -> str:
@@ -87,32 +101,52 @@ class OpenAIServer:
         self.loop = EngineLoop(engine, self.metrics, config.max_queue)
         self.template = self.model.chat_template
         self.tokenizer = self.model.tokenizer if self.model.has_tokenizer else None
-        self.max_n = engine.scheduler.config.max_num_seqs
+        self.limits = Limits(max_n=engine.scheduler.config.max_num_seqs,
+                             max_sequences=self.loop.capacity,
+                             max_model_len=self.model.config.max_model_len,
+                             vocab_size=self.model.config.vocab_size)
         self.created = int(time.time())
         self.fingerprint = f"tinyinfer-{self.model.runner.name}"
+        self.openapi = document(self.limits, self.name, api_key=bool(config.api_key),
+                                open_probes=config.open_probes)
 
     # ------------------------------------------------------------------ generation
 
     async def completions(self, request: Request) -> Response:
         """POST /v1/completions."""
         deadline = asyncio.get_running_loop().time() + self.config.request_timeout
-        req = parse_completion(parse_json_object(await self._body(request)), self.max_n)
-        options = req.options
-        self._check_model(options.model)
-        entries = []
-        for prompt in req.prompts:
-            ids = self.model.tokenizer.encode(prompt, allow_special=True) if isinstance(prompt, str) else list(prompt)
-            entries += self._entries(ids, options, COMPLETION_DEFAULT_MAX_TOKENS
-                                     if options.max_tokens is None else options.max_tokens)
-        shape = CompletionShape(self.name, self.tokenizer, options.n, len(entries),
-                                options.logprobs, self.fingerprint)
+        entries, options, shape = await run_in_threadpool(self._prepare_completion,
+                                                          await self._body(request))
         return await self._generate(request, entries, options, shape, deadline)
 
     async def chat(self, request: Request) -> Response:
         """POST /v1/chat/completions."""
         deadline = asyncio.get_running_loop().time() + self.config.request_timeout
-        req = parse_chat(parse_json_object(await self._body(request)), self.max_n)
+        entries, options, shape = await run_in_threadpool(self._prepare_chat,
+                                                          await self._body(request))
+        return await self._generate(request, entries, options, shape, deadline)
+
+    def _prepare_completion(self, body: bytes) -> Prepared:
+        """Parse, check and tokenize a completions body (on a worker thread). Prompts x n is
+        checked against the server's room before any prompt is tokenized."""
+        req = parse_completion(parse_json_object(body), self.limits)
+        options = req.options
+        self._check_model(options.model)
+        self.loop.check_room(len(req.prompts) * options.n)
+        max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if options.max_tokens is None else options.max_tokens
+        entries = []
+        for prompt in req.prompts:
+            ids = self.model.tokenizer.encode(prompt, allow_special=True) if isinstance(prompt, str) else list(prompt)
+            entries += self._entries(ids, options, max_tokens)
+        shape = CompletionShape(self.name, self.tokenizer, options.n, len(entries),
+                                options.logprobs, self.fingerprint)
+        return entries, options, shape
+
+    def _prepare_chat(self, body: bytes) -> Prepared:
+        """Parse and check a chat body, lay out its messages and tokenize (on a worker thread)."""
+        req = parse_chat(parse_json_object(body), self.limits)
         self._check_model(req.options.model)
+        self.loop.check_room(req.options.n)
         text = self.template.render(req.messages)
         ids = self.template.encode(self.model.tokenizer, text)
         room = max(self.model.config.max_model_len - len(ids), 1)  # default: fill the context
@@ -122,7 +156,7 @@ class OpenAIServer:
         entries = self._entries(ids, options, max_tokens)
         shape = ChatShape(self.name, self.tokenizer, options.n, len(entries),
                           options.logprobs, self.fingerprint)
-        return await self._generate(request, entries, options, shape, deadline)
+        return entries, options, shape
 
     def _check_model(self, name: str) -> None:
         if name != self.name:
@@ -152,14 +186,15 @@ class OpenAIServer:
                                      headers={"Cache-Control": "no-cache"})
         collect = asyncio.ensure_future(self._until(job, self._collect(job, shape), deadline))
         gone = asyncio.ensure_future(_disconnected(request.receive))
+        done: set[asyncio.Future[Any]] = set()
         try:
-            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
             if not collect.done():  # the client left, or this handler itself was cancelled
                 collect.cancel()
                 self._give_up(job, "disconnect")
-        if collect.cancelled():
+        if collect not in done:  # the client left first: nobody reads an answer now
             return Response(status_code=CLIENT_CLOSED)
         return JSONResponse(shape.response(collect.result()))
 
@@ -209,9 +244,9 @@ class OpenAIServer:
                     events.append(job.events.get_nowait())
                 text = []
                 for event in events:
-                    if isinstance(event, Failure):
+                    if isinstance(event, Failure):  # shutdown past its grace, or the engine
                         done = True
-                        yield "".join(text) + _sse(event.error.body())
+                        yield "".join(text) + _sse(event.error.body()) + DONE
                         return
                     chunk = shape.chunk(event)
                     if chunk is not None:
@@ -223,16 +258,22 @@ class OpenAIServer:
             done = True
             if include_usage:
                 yield _sse(shape.usage_chunk([usages[i] for i in range(shape.num_choices)]))
-            yield "data: [DONE]\n\n"
+            yield DONE
         except APIError as exc:  # the deadline passed mid-stream; _until aborted the job
             done = True
-            yield _sse(exc.body())
+            yield _sse(exc.body()) + DONE
         finally:
             if not done:  # the client disconnected (or the server cancelled us) mid-stream
                 self._give_up(job, "disconnect")
 
     async def _body(self, request: Request) -> bytes:
-        """The request body, refused past max_body_bytes before it is all read."""
+        """The request body: JSON only (415 otherwise), refused past max_body_bytes by its
+        declared length or before it is all read (413)."""
+        check_json_body(request.headers.get("content-type"))
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.config.max_body_bytes:
+            raise APIError(413, f"the request body is over {self.config.max_body_bytes} bytes; "
+                                "send a shorter prompt")
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
@@ -269,6 +310,10 @@ class OpenAIServer:
         """GET /metrics in the Prometheus text format."""
         return PlainTextResponse(self.metrics.render(self.loop.stats),
                                  media_type="text/plain; version=0.0.4")
+
+    async def openapi_document(self, request: Request) -> Response:
+        """GET /openapi.json: the endpoints, fields, ranges and answers of this server."""
+        return JSONResponse(self.openapi)
 
 
 class _CountResponses:
@@ -324,8 +369,13 @@ async def _on_disconnect(request: Request, exc: Exception) -> Response:
 
 
 def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
-    """The ASGI app serving `engine`; its lifespan starts and stops the engine thread."""
-    server = OpenAIServer(engine, config or ServerConfig())
+    """The ASGI app serving `engine`; its lifespan starts and stops the engine thread.
+
+    `app.state.server` is the OpenAIServer behind the routes; serve/host.py runs the app under a
+    uvicorn server that keeps the shutdown promise.
+    """
+    config = config or ServerConfig()
+    server = OpenAIServer(engine, config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -342,61 +392,14 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
         Route("/v1/models/{model:path}", server.model_card, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.prometheus, methods=["GET"]),
+        Route("/openapi.json", server.openapi_document, methods=["GET"]),
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         APIError: _on_api_error, TinyInferError: _on_engine_error,
         HTTPException: _on_http_error, ClientDisconnect: _on_disconnect}
+    stack = [Middleware(_CountResponses, metrics=server.metrics),
+             *middleware(config.api_key, config.open_probes, config.allowed_origins)]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,
-                    middleware=[Middleware(_CountResponses, metrics=server.metrics)])
+                    middleware=stack)
     app.state.server = server
     return app
-
-
-def uvicorn_config(app: Starlette, host: str, port: int, shutdown_timeout: float = 10.0,
-                   log_level: str = "info") -> uvicorn.Config:
-    """Uvicorn settings for the app: on shutdown, in-flight requests get shutdown_timeout s."""
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                          timeout_graceful_shutdown=shutdown_timeout)
-
-
-def serve(engine: Engine, config: ServerConfig | None = None, host: str = "127.0.0.1",
-          port: int = 8000, shutdown_timeout: float = 10.0, log_level: str = "info") -> None:
-    """Serve until interrupted (Ctrl-C / SIGTERM finish or abort in-flight requests)."""
-    app = create_app(engine, config)
-    uvicorn.Server(uvicorn_config(app, host, port, shutdown_timeout, log_level)).run()
-
-
-class ServerThread:
-    """The server on a background thread (tests, notebooks): `with ServerThread(engine) as s`."""
-
-    def __init__(self, engine: Engine, config: ServerConfig | None = None,
-                 host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 5.0) -> None:
-        self.app = create_app(engine, config)
-        self.server = uvicorn.Server(uvicorn_config(self.app, host, port, shutdown_timeout, "warning"))
-        self._thread = threading.Thread(target=self.server.run, name="tinyinfer-http", daemon=True)
-
-    @property
-    def url(self) -> str:
-        """Base URL with the port actually bound (port 0 picks a free one)."""
-        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
-        return f"http://{host}:{port}"
-
-    def start(self, timeout: float = 30.0) -> "ServerThread":
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise TinyInferError("the server did not start; see the log above")
-            time.sleep(0.01)
-        return self
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Graceful shutdown, as on Ctrl-C; waits for the thread to end."""
-        self.server.should_exit = True
-        self._thread.join(timeout)
-
-    def __enter__(self) -> "ServerThread":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -136,7 +136,9 @@ class OpenAIServer:
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if options.max_tokens is None else options.max_tokens
         entries = []
         for prompt in req.prompts:
-            ids = self.model.tokenizer.encode(prompt, allow_special=True) if isinstance(prompt, str) else list(prompt)
+            # special-token text in a prompt is parsed as the token, as vLLM's HF tokenizer does
+            ids = (self.model.tokenizer.encode(prompt, allow_special=True) if isinstance(prompt, str)
+                   else list(prompt))
             entries += self._entries(ids, options, max_tokens)
         shape = CompletionShape(self.name, self.tokenizer, options.n, len(entries),
                                 options.logprobs, self.fingerprint)

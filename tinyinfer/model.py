@@ -24,6 +24,7 @@ from tinyinfer.quant import (
     ErrorReport,
     QuantConfig,
     QuantizedWeight,
+    dequantize,
     error_report,
     load_quantized,
     quantize_weights,
@@ -181,7 +182,9 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
     point of the CLI, the TUI, the lessons and the server.
 
     ``quantize`` ("int8", "int4", "int4-g64", "int4-g32-asym", ...) quantizes the linear
-    weights as they load; a folder written by ``tinyinfer quantize`` loads quantized as saved.
+    weights as they load; a folder written by ``tinyinfer quantize`` (or a GGUF file of
+    Q8_0/Q4_0/Q4_1 blocks) loads quantized as saved, unless ``quantize="none"`` asks for float
+    weights (dequantized as they load).
     ``measure_error`` also measures each quantized weight's rounding error while the float
     weights are at hand (as slow as quantizing again) and keeps it as ``Model.quant_errors``.
     ``tensor_parallel`` > 1 splits the model over that many processes (torch runner), this one
@@ -254,8 +257,13 @@ def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig |
 
     ``lazy`` leaves bf16 weights in the file until the runner uses them (torch runner only).
     """
-    wanted = QuantConfig.parse(quantize) if isinstance(quantize, str) else quantize
+    floats = quantize == "none"
+    wanted = QuantConfig.parse(quantize) if isinstance(quantize, str) and not floats else quantize
     weights, saved = gguf.weights(config) if gguf is not None else (None, read_quant_config(path))
+    if saved is not None and floats:
+        weights = weights if weights is not None else load_quantized(path, config)[0]
+        return {name: dequantize(value) if isinstance(value, QuantizedWeight) else value
+                for name, value in weights.items()}, None, None
     if saved is not None:
         if wanted is not None and wanted != saved:
             raise TinyInferError(f"{path} is already quantized as {saved.name}: load it without "
@@ -263,7 +271,7 @@ def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig |
         return *((weights, saved) if weights is not None else load_quantized(path, config)), None
     if weights is None:
         weights = load_weights(path, config, lazy=lazy and wanted is None)
-    if wanted is None:
+    if wanted is None or floats:
         return weights, None, None  # type: ignore[return-value]
     quantized = quantize_weights(weights, wanted)
     return quantized, wanted, error_report(weights, quantized) if measure_error else None

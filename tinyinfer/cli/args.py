@@ -22,7 +22,8 @@ def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") ->
                              "float32; bfloat16 for torch on cuda)")
     parser.add_argument("--quantize", default=None, metavar="FORMAT",
                         help="quantize linear weights as they load: int8, int4, int4-g64, "
-                             "int4-g32-asym, ... (default: none, the checkpoint's precision)")
+                             "int4-g32-asym, ...; none: float weights, a quantized checkpoint's "
+                             "dequantized (default: the checkpoint's own format)")
     parser.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
                         help="split the model over N processes (GPUs with NCCL, CPU with gloo); "
                              "torch runner")

@@ -124,7 +124,7 @@ def norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
     """RMSNorm (bias None, Llama) or LayerNorm (GPT-2), computed in float32.  x: [T, D]."""
     xf = x.float()
     if bias is None:
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+        y = F.rms_norm(xf, (x.shape[-1],), weight.float(), eps)
     else:
         y = F.layer_norm(xf, (x.shape[-1],), weight.float(), bias.float(), eps)
     return y.to(x.dtype)
@@ -223,15 +223,14 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
     batch = qkv.shape[0]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     q, k, v = split_qkv(qkv, num_heads, num_kv_heads, head_dim)
-    if cos_table is not None and sin_table is not None:
-        q = apply_rope(q, cos_table[positions], sin_table[positions])
-        k = apply_rope(k, cos_table[positions], sin_table[positions])
+    if cos_table is not None and sin_table is not None:  # q and k turn together: one rotation
+        qk = apply_rope(torch.cat([q, k], dim=1), cos_table[positions], sin_table[positions])
+        q, k = qk[:, :num_heads], qk[:, num_heads:]
     write_kv(k_cache, v_cache, slots, k, v)
-    keys = k_cache[page_tables].flatten(1, 2)  # [B, N = W S, Hkv, hd]
-    values = v_cache[page_tables].flatten(1, 2)
-    q = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, G, hd]
-    scores = torch.einsum("bkgd,bnkd->bkgn", q.float(), keys.float()) * head_dim ** -0.5
-    future = torch.arange(keys.shape[1], device=qkv.device)[None, :] > positions[:, None]  # [B, N]
-    scores = scores.masked_fill(future[:, None, None, :], float("-inf"))
-    out = torch.einsum("bkgn,bnkd->bkgd", scores.softmax(dim=-1), values.float())
+    keys = k_cache[page_tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, N = W S, hd]
+    values = v_cache[page_tables].flatten(1, 2).transpose(1, 2)
+    seen = torch.arange(keys.shape[2], device=qkv.device)[None, :] <= positions[:, None]  # [B, N]
+    out = F.scaled_dot_product_attention(  # [B, H, 1, hd]; each query head reads its group's K/V
+        q[:, :, None].float(), keys.float(), values.float(), attn_mask=seen[:, None, None, :],
+        enable_gqa=True)
     return out.reshape(batch, num_heads * head_dim).to(qkv.dtype)

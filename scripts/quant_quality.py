@@ -1,12 +1,17 @@
-"""Held-out quality and size of the bundled model in every weight format (claims C11, C12).
+"""Held-out quality and size of a model in every weight format (claims C11, C12).
 
 Scores the held-out works of the bundled model (see docs/model-card.md) with tinyinfer's own
 runners, the same way scripts/train_bundled.py scores them with transformers: each work after
-`<|endoftext|>`, windows of `--context` tokens advancing by half a window.
+the end-of-text token, windows of `--context` tokens advancing by half a window.
 
     python scripts/quant_quality.py                      # every format, the full held-out text
     python scripts/quant_quality.py --max-bytes 20000    # a quick look
     python scripts/quant_quality.py --json results.json
+    python scripts/quant_quality.py --model smollm2 --max-bytes 20000   # a real model's GGUF file
+
+A GGUF file's rows: its weights as stored (Q4_1 kept as int4-g32-min), those weights as fp32
+(dequantized: the float weights the file was made from are not in it), and tinyinfer's own
+formats made from those fp32 weights.
 """
 
 from __future__ import annotations
@@ -98,6 +103,29 @@ def held_out_texts(max_bytes: int | None) -> list[str]:
     return texts
 
 
+def gguf_variants(source: str) -> list[tuple[str, str, str, Callable[[], tinyinfer.Model]]]:
+    """The rows of a GGUF file: as stored, dequantized to fp32, and requantized from that."""
+    def requantized(fmt: str) -> tinyinfer.Model:
+        model = tinyinfer.load(source, quantize="none")
+        model.runner = NumpyRunner(model.config, quantize_weights(model.runner.w, QuantConfig.parse(fmt)))
+        return model
+
+    stored = tinyinfer.model.open_checkpoint(source).gguf.kept_format()
+    rows: list[tuple[str, str, str, Callable[[], tinyinfer.Model]]] = [
+        ("fp32", "fp32", "numpy", lambda: tinyinfer.load(source, quantize="none")),
+        (f"GGUF as stored ({stored.name if stored else 'floats'})", "gguf", "numpy",
+         lambda: tinyinfer.load(source)),
+    ]
+    for fmt in ("int8", "int4-g32", "int4-g128"):
+        rows.append((fmt, fmt, "numpy", lambda fmt=fmt: requantized(fmt)))
+    return rows
+
+
+def model_bytes(model: tinyinfer.Model) -> int:
+    """Bytes of the blocks' linear weights as the runner holds them (codes, scales, offsets)."""
+    return sum(w.nbytes for name, w in model.runner.w.items() if is_quantized_name(name))
+
+
 def format_bytes(source: str, fmt: str, folder: Path) -> tuple[int, int]:
     """(linear-layer bytes, checkpoint bytes) of the model in a format, measured on written files.
 
@@ -153,15 +181,19 @@ def measure(source: str, runner: str, context: int, max_bytes: int | None, only:
     print(f"held-out: {len(texts)} works, {n_bytes:,} bytes, {n_tokens:,} tokens; context {context}",
           file=sys.stderr)
     rows = []
+    is_gguf = base.path.suffix == ".gguf"
     with tempfile.TemporaryDirectory() as scratch:
-        for name, fmt, runner_name, load in variants(source, runner):
+        for name, fmt, runner_name, load in (gguf_variants(source) if is_gguf else variants(source, runner)):
             if only and name not in only:
                 continue
             model = load()
             start = time.perf_counter()
             nats = sum(score_work(model, ids, eot_id, context) for ids in works)
             seconds = time.perf_counter() - start
-            linear, disk = format_bytes(source, fmt, Path(scratch) / name.replace(" ", "_"))
+            if is_gguf:  # the file is the only checkpoint: its size, for the row stored as it
+                linear, disk = model_bytes(model), base.path.stat().st_size if fmt == "gguf" else 0
+            else:
+                linear, disk = format_bytes(source, fmt, Path(scratch) / name.replace(" ", "_"))
             kv = c.kv_bytes_per_token(2 if name == "bf16" else 4)
             if name.endswith("int8 KV"):  # int8 codes plus a float16 scale per token and head
                 kv = 2 * c.num_layers * c.num_kv_heads * (c.head_dim + 2)
@@ -183,13 +215,15 @@ def table(rows: list[Row]) -> str:
         d_ppl = r.perplexity / base.perplexity - 1
         lines.append(f"| {r.format} | {r.runner} | {r.bits_per_byte:.4f} | {r.perplexity:.3f} | "
                      f"{d_bpb:+.2%} | {d_ppl:+.2%} | {r.linear_bytes / 1e6:.2f} MB | "
-                     f"{r.disk_bytes / 1e6:.2f} MB | {r.kv_bytes_per_token:,} B |")
+                     f"{f'{r.disk_bytes / 1e6:.2f} MB' if r.disk_bytes else '–'} | "
+                     f"{r.kv_bytes_per_token:,} B |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="bundled", help="bundled model name or folder (default: bundled)")
+    parser.add_argument("--model", default="bundled",
+                        help="model name, folder or GGUF file (default: bundled)")
     parser.add_argument("--runner", choices=("numpy", "torch"), default="numpy",
                         help="runner for the quantized rows (default: numpy, the reference)")
     parser.add_argument("--context", type=int, default=512, help="scoring window (default: 512)")

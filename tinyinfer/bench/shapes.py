@@ -124,9 +124,10 @@ def require_transformers() -> None:
 
 
 def folder_models(source: str, runner: str, device: str | None, dtype: str | None,
-                  with_peer: bool) -> tuple[Model, Any]:
-    """A checkpoint folder (or bundled name) for our runner, and transformers on the same files."""
-    model = load(source, runner=runner, device=device, dtype=dtype)
+                  with_peer: bool, quantize: str | None = None) -> tuple[Model, Any]:
+    """A checkpoint (folder, GGUF file or name) for our runner, quantized as asked, and
+    transformers on the same files."""
+    model = load(source, runner=runner, device=device, dtype=dtype, quantize=quantize)
     peer = None
     if with_peer:
         import torch

@@ -152,7 +152,8 @@ def _bench_shapes(args: argparse.Namespace) -> int:
     elif args.tensor_parallel > 1:
         model, peer = load_model(args), None
     else:
-        model, peer = bs.folder_models(args.model, args.runner, args.device, args.dtype, with_peer)
+        model, peer = bs.folder_models(args.model, args.runner, args.device, args.dtype, with_peer,
+                                       args.quantize)
     print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)
     if args.peer == "llama.cpp" and not is_gguf(model.path):
         raise TinyInferError(f"--peer llama.cpp runs GGUF files; {model.name} is a model folder")

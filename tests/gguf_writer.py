@@ -111,3 +111,36 @@ def _add_tokenizer(writer: gguf.GGUFWriter, folder: Path, vocab_size: int) -> No
     eos = [i for token, i in vocab.items() if token in added]
     if eos:
         writer.add_eos_token_id(eos[-1])
+
+
+def write_sentencepiece_vocab(hf_tokenizer, path: Path, add_space_prefix: bool = True) -> Path:
+    """A vocabulary-only GGUF (metadata, no tensors) of a SentencePiece-style BPE tokenizer, laid
+    out as llama.cpp's converter writes Llama-2's: tokens with scores (earlier merges score
+    higher), token types (unknown, control, byte, normal)."""
+    data = json.loads(hf_tokenizer.to_str())
+    vocab = data["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get)
+    specials = {t["content"] for t in data.get("added_tokens", []) if t.get("special")}
+    types = [gguf.TokenType.UNKNOWN if t == "<unk>" else gguf.TokenType.CONTROL if t in specials
+             else gguf.TokenType.BYTE if t.startswith("<0x") and len(t) == 6
+             else gguf.TokenType.NORMAL for t in tokens]
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for add, value in ((writer.add_block_count, 1), (writer.add_context_length, 64),
+                       (writer.add_embedding_length, 64), (writer.add_feed_forward_length, 128),
+                       (writer.add_head_count, 2), (writer.add_head_count_kv, 2),
+                       (writer.add_rope_dimension_count, 32), (writer.add_vocab_size, len(tokens))):
+        add(value)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([-float(i) for i in range(len(tokens))])
+    writer.add_token_types(types)
+    writer.add_add_space_prefix(add_space_prefix)
+    writer.add_unk_token_id(vocab["<unk>"])
+    writer.add_bos_token_id(vocab["<s>"])
+    writer.add_eos_token_id(vocab["</s>"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

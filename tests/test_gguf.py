@@ -18,7 +18,7 @@ from tinyinfer.errors import CheckpointError, ConfigError, TinyInferError
 from tinyinfer.quant import dequantize
 
 from conftest import ORACLE_CONFIGS, build_hf_model, train_small_tokenizer
-from gguf_writer import Q, permute_for_gguf, write_gguf
+from gguf_writer import Q, permute_for_gguf, write_gguf, write_sentencepiece_vocab
 
 IDS = list(range(5, 45))
 KEPT = {Q.F32: None, Q.F16: None, Q.BF16: None, Q.Q8_0: "int8-g32", Q.Q4_0: "int4-g32",
@@ -141,3 +141,46 @@ def test_bad_gguf_at_the_cli_is_one_line(folders, tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
     assert "cut.gguf is not a readable GGUF file" in done.stderr
+
+
+# ---------------------------------------------------------------- tokenizers
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_gguf(tmp_path_factory):
+    from test_tokenizer import _sentencepiece
+
+    hf = _sentencepiece("llama2")
+    return hf, write_sentencepiece_vocab(hf, tmp_path_factory.mktemp("spm") / "vocab.gguf")
+
+
+def test_a_sentencepiece_vocabulary_tokenizes_as_llama_cpp_does(sentencepiece_gguf):
+    """Llama-2, Mistral-v0.1 and TinyLlama GGUF files carry SentencePiece BPE: scores, not merges."""
+    import llama_cpp
+
+    from test_tokenizer import STRINGS
+    from tinyinfer.tokenizer import from_hf_tokenizer
+    from tinyinfer.weights.gguf_file import GGUFCheckpoint
+
+    hf, path = sentencepiece_gguf
+    ours = from_hf_tokenizer(GGUFCheckpoint(path).hf_tokenizer(), "spm")
+    theirs = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    texts = [t for t in STRINGS if t and "\x00" not in t]
+    wrong = [t for t in texts if ours.encode(t) != theirs.tokenize(t.encode(), add_bos=False, special=False)]
+    assert wrong == []
+    for text in texts:  # and the text comes back, as the tokenizer.json it was made from decodes it
+        ids = ours.encode(text)
+        assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False)
+
+
+def test_a_byte_level_vocabulary_tokenizes_as_llama_cpp_does(folders, tmp_path):
+    import llama_cpp
+
+    from test_tokenizer import STRINGS
+
+    path = write_gguf(folders("llama-gqa-untied"), tmp_path / "bpe.gguf", Q.F32)
+    ours = tinyinfer.load(path).tokenizer
+    theirs = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    texts = [t for t in STRINGS if t and "\x00" not in t]
+    wrong = [t for t in texts if ours.encode(t) != theirs.tokenize(t.encode(), add_bos=False, special=False)]
+    assert wrong == []

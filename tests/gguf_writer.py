@@ -77,6 +77,8 @@ def write_gguf(folder: Path, path: Path, linear_type: Q = Q.F32, other_type: Q =
         kind = linear_type if linear else (other_type if w.ndim == 2 else Q.F32)
         if kind == Q.F32:
             writer.add_tensor(gguf_name(hf_name), w)
+        elif kind == Q.F64:
+            writer.add_tensor(gguf_name(hf_name), w.astype(np.float64))
         elif kind == Q.F16:
             writer.add_tensor(gguf_name(hf_name), w.astype(np.float16))
         else:

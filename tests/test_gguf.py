@@ -113,6 +113,13 @@ def test_a_truncated_gguf_is_named(folders, tmp_path):
         tinyinfer.load(junk)
 
 
+def test_a_tensor_type_tinyinfer_cannot_read_is_named(folders, tmp_path):
+    path = write_gguf(folders("llama-gqa-untied"), tmp_path / "f64.gguf", Q.F64)
+    with pytest.raises(CheckpointError, match=r"blk\.0\.\w+\.weight is stored as F64, which "
+                                              "tinyinfer cannot read"):
+        tinyinfer.load(path)
+
+
 def test_an_unsupported_architecture_is_named(folders, tmp_path):
     path = write_gguf(folders("llama-gqa-untied"), tmp_path / "g.gguf", Q.F32, architecture="gemma")
     with pytest.raises(CheckpointError, match="GGUF architecture 'gemma' is not supported"):

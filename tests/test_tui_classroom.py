@@ -77,6 +77,27 @@ async def test_batching_timeline_shows_every_part_of_the_mixed_step(model, size)
 
 
 @size_ids
+async def test_single_shows_the_prefill_and_the_pages_it_took(model, size):
+    async with app_for(model, "single").run_test(size=size) as pilot:
+        screen = await ready(pilot)
+        await press(pilot, "space")
+        trace = screen.frame.trace
+        text = screen_text(pilot.app)
+        assert part_label(trace.seqs[0]) in text and f"+{len(trace.pages_allocated)} allocated" in text
+
+
+@size_ids
+async def test_pressure_shows_who_was_preempted(model, size):
+    async with app_for(model, "pressure").run_test(size=size) as pilot:
+        screen = await ready(pilot)
+        while not screen.frame.trace or not screen.frame.trace.preempted:
+            await press(pilot, "space")
+        victim = screen.frame.trace.preempted[0]
+        text = screen_text(pilot.app)
+        assert f"preempted s{victim}" in text and "preempted ×1" in text, text
+
+
+@size_ids
 async def test_chunked_timeline_shows_each_chunk_beside_the_decodes(model, size):
     async with app_for(model, "chunked").run_test(size=size) as pilot:
         screen = await ready(pilot)

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 
 from lessons.checking import Report, where_in_student_code
-from lessons.support import LessonError
+from lessons.support import LessonError, busy_warning
 from tinyinfer.cli.common import Parser, add_threads_arg, fail
 from tinyinfer.errors import MissingPackageError, missing_package
 
@@ -167,6 +167,9 @@ def run_experiment(lesson: Lesson, path: Path, quick: bool, model: str, threads:
         impl = load_module(path, module_name(lesson, f"impl_{_digest(path)[:8]}"))
     except LoadError as exc:
         raise LessonError(f"{path} does not load: {exc}") from None
+    warning = busy_warning()
+    if warning:
+        print(warning)
     try:
         experiment.run(impl, quick=quick, model=model)
     except NotImplementedError:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +135,49 @@ def tiny_model(seed: int = 0, **config: Any) -> Model:
 
 
 # ---------------------------------------------------------------- measuring
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One quantity measured several times: its median and its range (a busy machine widens it)."""
+
+    values: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    @property
+    def low(self) -> float:
+        return min(self.values)
+
+    @property
+    def high(self) -> float:
+        return max(self.values)
+
+    def said(self, fmt: str = ".2f", unit: str = "") -> str:
+        """'1.23x (1.10-1.31 over 3 runs)'."""
+        return (f"{self.median:{fmt}}{unit} ({self.low:{fmt}}-{self.high:{fmt}}{unit} over "
+                f"{len(self.values)} runs)")
+
+
+def ratios(num: Spread, den: Spread) -> Spread:
+    """num / den run by run: repeats that ran side by side shared the machine's mood."""
+    return Spread(tuple(a / b for a, b in zip(num.values, den.values)))
+
+
+def busy_warning() -> str | None:
+    """A warning when other work keeps this machine's cores busy, so timings run slow and noisy."""
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):  # not measurable here (Windows has no load average)
+        return None
+    if load <= 0.75 * cores:
+        return None
+    return (f"warning: this machine is busy (load average {load:.1f} on {cores} cores): times below "
+            "are slower and noisier than on a quiet machine. Verdicts rest on counts (passes, "
+            "steps, bytes) where a count exists; times are medians of repeated runs.")
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int = 3) -> float:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import tinyinfer
+from tinyinfer.sampling import processed_probs
 from tinyinfer.trace import StepTrace
 
 GREEDY = tinyinfer.SamplingParams(temperature=0, max_tokens=12)
@@ -240,3 +241,67 @@ def test_streaming_with_long_stop_strings_reads_each_character_a_few_times(text_
     text = engine.release(request_id).text
     assert streamed == text and len(text) > 60
     assert CountingStr.read <= 3 * len(stops) * len(text)
+
+
+def test_full_detail_records_the_sampled_probability_and_the_rest_of_the_vocabulary(model):
+    # The TUI's Next token panel shows the sampled token's own chance and re-applies sampling
+    # settings over the whole vocabulary: the trace must carry both, exactly.
+    params = tinyinfer.SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=5)
+    engine = tinyinfer.Engine(model, detail="full")
+    prompt = [3, 1, 4, 1, 5]
+    rid = engine.add_request(prompt, params)
+    steps = []
+    while engine.has_unfinished():
+        steps.append(engine.step().seqs[0])
+    out = engine.release(rid).token_ids
+    for i, step in enumerate(steps):
+        logits = model.logits(prompt + out[:i])[-1].astype(np.float64)
+        p = processed_probs(logits, params, prompt, out[:i])
+        assert step.token_id == out[i] and step.token_prob == pytest.approx(p[out[i]], rel=1e-4, abs=1e-7)
+        outside = np.delete(logits, [t for t, _ in step.top_logits])
+        assert [t for t, _ in step.rest_logsumexp] == [round(0.1 * k, 1) for k in range(1, 21)]
+        for t, lse in step.rest_logsumexp:
+            want = outside.max() / t + np.log(np.exp((outside - outside.max()) / t).sum())
+            assert lse == pytest.approx(want, abs=1e-3)
+
+
+def test_verify_steps_record_the_logits_of_the_token_they_emitted_last(model):
+    # Two sequences in one verify step: each one's top logits come from its own last row.
+    from tinyinfer.speculative import PromptLookupDrafter
+
+    engine = tinyinfer.Engine(model, detail="full", drafter=PromptLookupDrafter(), num_draft=3)
+    repeat = [7, 8, 9, 10] * 6
+    engine.add_request(repeat, GREEDY)
+    engine.add_request([11, 12] * 10, GREEDY)
+    verified = []
+    while engine.has_unfinished():
+        verified += [p for p in engine.step().seqs if p.draft_tokens]
+    assert len({p.seq_id for p in verified}) == 2
+    for part in verified:
+        assert part.top_logits[0][0] == part.emitted[-1] == part.token_id
+
+
+def test_traces_announce_requests_and_describe_each_token_once(text_model_folder):
+    # A replay has no tokenizer: the traces carry every prompt and the text of every token id
+    # they mention, each id described by the first trace that mentions it.
+    m = tinyinfer.load(text_model_folder)
+    engine = tinyinfer.Engine(m, detail="basic")
+    params = tinyinfer.SamplingParams(temperature=0.8, seed=1, max_tokens=4)
+    first = engine.add_request("To be, or not to be", params)
+    traces = [engine.step()]
+    late = engine.add_request("that is the question", params)
+    while engine.has_unfinished():
+        traces.append(engine.step())
+    assert [r.request_id for r in traces[0].requests] == [first]
+    assert [r.request_id for r in traces[1].requests] == [late] and not traces[2].requests
+    assert traces[1].requests[0].prompt_ids == tuple(m.tokenizer.encode("that is the question"))
+    described = [t for trace in traces for t, _ in trace.token_texts]
+    assert len(described) == len(set(described))
+    texts = {t: x for trace in traces for t, x in trace.token_texts}
+    for rid in (first, late):
+        done = engine.completion(rid)
+        for t in done.prompt_ids + done.token_ids:
+            assert texts[t] == m.tokenizer.generated_bytes(t).decode("utf-8", errors="replace")
+    quiet = tinyinfer.Engine(m, detail="none")
+    quiet.add_request("To be", params)
+    assert not quiet.step().token_texts and not quiet.step().requests

@@ -7,6 +7,7 @@ import argparse
 import ast
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +40,7 @@ def test_there_are_lessons_for_every_stage():
     assert [lesson.slug for lesson in LESSONS] == [
         "tokens", "forward-pass", "prefill-decode", "kv-cache", "sampling", "paged-attention",
         "continuous-batching", "prefix-caching", "speculative-decoding", "quantization", "cost-capacity",
-        "tensor-parallelism"]
+        "tensor-parallelism", "chunked-prefill"]
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
@@ -212,3 +213,33 @@ def test_the_engine_reaches_every_plug_point():
     with pytest.raises(LessonError, match="not a plug point"):  # a name the engine never calls
         with plugged(kv, "hash_pages", len):
             pass
+
+
+def test_lesson_01_catches_a_decode_that_works_token_by_token(tmp_path):
+    # Decoding each token's bytes on its own turns a character split over two tokens into two
+    # replacement characters: the case named for it must fail, with its hint.
+    from importlib import import_module
+
+    path = wrong_copy(tmp_path, "01", 'return b"".join(token_bytes[i] for i in ids).decode("utf-8", errors="replace")',
+                      'return "".join(token_bytes[i].decode("utf-8", errors="replace") for i in ids)')
+    text = course.check(course.find("01"), path).render()
+    assert "FAIL  decode · ids that cut a character in half" in text
+    assert "decode once" in text
+    check = import_module(course.module_name(course.find("01"), "check"))
+    assert len(check.split_characters()) >= 4, "the case must really split characters"
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
+def test_see_it_commands_parse_as_written(lesson):
+    # A lesson's "See it" line sends students to the TUI or the CLI: the commands must exist.
+    from tinyinfer.cli.commands import build_parser
+
+    readme = lesson.file("README.md").read_text(encoding="utf-8")
+    line = re.search(r"^See it:(.*)$", readme, re.M)
+    assert line, f"{lesson.name}/README.md has no 'See it:' line"
+    commands = re.findall(r"`tinyinfer ([^`]+)`", line.group(1))
+    assert commands
+    for command in commands:
+        if command.split()[0] in ("quantize", "info") and "--help" in command:
+            continue  # prints help and exits, by design
+        build_parser().parse_args(shlex.split(command))

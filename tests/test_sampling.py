@@ -10,6 +10,8 @@ from hypothesis.extra import numpy as hnp
 
 from tinyinfer.errors import SamplingParamsError, TinyInferError
 from tinyinfer.sampling import (
+    MAX_LOGPROBS,
+    TUI_TOP_CANDIDATES,
     SamplingParams,
     StopHoldback,
     TokenChoice,
@@ -398,13 +400,14 @@ def test_top_candidates_sorted_and_sized():
     x = np.random.default_rng(4).normal(size=64)
     rng = make_rng(0)
     default = sample_next(x, SamplingParams(), [], [], rng)
-    assert len(default.top) == 5 and default.top_logprobs == ()
+    assert len(default.top) == TUI_TOP_CANDIDATES and default.top_logprobs == ()
     probs = [q for _, q in default.top]
     assert probs == sorted(probs, reverse=True)
-    assert [i for i, _ in default.top] == list(np.argsort(-x)[:5])
-    many = sample_next(x, SamplingParams(logprobs=12), [], [], rng)
-    assert len(many.top) == 12 and len(many.top_logprobs) == 12
-    best_raw = np.sort(log_softmax(x))[::-1][:12]
+    assert [i for i, _ in default.top] == list(np.argsort(-x)[:TUI_TOP_CANDIDATES])
+    assert default.prob == pytest.approx(probs_from_logits(x, SamplingParams())[default.token_id])
+    many = sample_next(x, SamplingParams(logprobs=MAX_LOGPROBS), [], [], rng)
+    assert len(many.top) == len(many.top_logprobs) == MAX_LOGPROBS > TUI_TOP_CANDIDATES
+    best_raw = np.sort(log_softmax(x))[::-1][:MAX_LOGPROBS]
     np.testing.assert_allclose([lp for _, lp in many.top_logprobs], best_raw)
     assert sample_next(x, SamplingParams(logprobs=0), [], [], rng).top_logprobs == ()
 

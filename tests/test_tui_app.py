@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 
+import numpy as np
 import pytest
 
 import tinyinfer
 from tests.tui_pilot import settle, started
 from tui.app import TinyInferApp
+from tui.drawing import visible
 from tui.options import Options
 from tui.panels import (
     AttentionPanel,
@@ -86,12 +89,12 @@ async def test_panels_after_prefill_and_decodes(model):
         assert f"s0 dec@{n}" in timeline and f"s0 dec@{n + 1}" in timeline
         tokens = shown(screen.query_one(TokensPanel))
         assert "seq 0 decoding" in tokens
-        assert tokens.replace("\n", "").endswith("".join(t.text for t in seq.output).replace("\n", "↵"))
+        assert tokens.replace("\n", "").endswith("".join(visible(t.text) for t in seq.output))
         next_token = shown(screen.query_one(NextTokenPanel))
         assert "at step 3 sampled" in next_token and "▶" in next_token
         attention = shown(screen.query_one(AttentionPanel))
         assert "layer 1/2 head 1/4" in attention and f"query @{n + 1}" in attention
-        assert len([line for line in attention.splitlines() if line.strip().split(" ")[0].isdigit()]) == 3
+        assert len([line for line in attention.splitlines() if re.match(r"\s*\d+ [ ░▒▓█]+$", line)]) == 3
         metrics = shown(screen.query_one(MetricsPanel))
         assert f"3 steps · {n} prefill + 2 decode" in metrics
         assert "times hidden" in metrics and "ms" not in metrics
@@ -115,8 +118,8 @@ async def test_batching_mixes_prefill_and_decode_in_one_step(model):
         await press(pilot, *["space"] * 4)
         trace = screen.frame.traces[3]  # step 4: seq 2 arrived after 3 steps
         assert {p.kind for p in trace.seqs} == {"prefill", "decode"}
-        row = next(line for line in shown(screen.query_one(TimelinePanel)).splitlines()
-                   if line.strip().startswith("4 "))
+        timeline = shown(screen.query_one(TimelinePanel))
+        row = timeline[timeline.index("  4 "):]  # step 4's line and its continuation lines
         assert "s0 dec@" in row and "s1 dec@" in row and "s2 pre 0:" in row
         assert screen.narration.title.startswith("Continuous batching")
 
@@ -161,7 +164,7 @@ async def test_speculative_panel_marks_accepted_guesses_and_the_bonus(model, tex
         part = screen.frame.trace.seqs[0]
         assert part.draft_tokens and part.accepted == 3
         text = shown(panel)
-        assert "accepted 3/3 (100%) · 4.0 tokens per pass" in text
+        assert "accepted 3/3 (100%) · 4.0 tok/pass" in text
         row = text.splitlines()[-1]
         assert row.count("✓") == 3 and "+" in row and "✗" not in row
         assert f"s0 ver@{part.start} 3/3" in shown(screen.query_one(TimelinePanel))
@@ -179,8 +182,7 @@ async def test_d_switches_speculative_decoding(model):
         await press(pilot, "space", "d")
         assert screen.session.engine.drafter is not None and screen.frame.steps_done == 0
         assert "drafts: prompt lookup" in str(screen.query_one("#status").render())
-        await press(pilot, "v", "v", "v")
-        assert panel.display, "the swap slot reaches the speculative panel"
+        assert panel.display, "a run with speculation starts with its panel in the shared slot"
         await press(pilot, "d")
         assert screen.session.engine.drafter is None and not panel.display
 
@@ -209,7 +211,7 @@ async def test_replay_steps_through_a_recorded_run(model, tmp_path):
         assert "replay" in screen.narration.title.lower()
         await press(pilot, "space")
         tokens = shown(screen.query_one(TokensPanel))
-        assert "prompt tokens: not in the trace" in tokens
+        assert "".join(t.text for t in screen.frame.seqs[0].prompt).replace("\n", "↵")[:20] in tokens
         await press(pilot, "space", "space", "space")
         assert screen.session.at_end and screen.frame.steps_done == 3
         assert "layer 1/2" in shown(screen.query_one(AttentionPanel))
@@ -394,12 +396,12 @@ async def test_i_shows_token_ids(model):
 async def test_v_swaps_the_shared_slot_on_small_screens(model):
     async with make_app(model, walkthrough=False).run_test(size=(80, 24)) as pilot:
         screen = await started(pilot)
-        visible = lambda: [p.id for p in screen.query(".swap") if p.display]  # noqa: E731
-        assert visible() == ["next_token"]
+        in_slot = lambda: [p.id for p in screen.query(".swap") if p.display]  # noqa: E731
+        assert in_slot() == ["next_token"]
         await press(pilot, "v")
-        assert visible() == ["attention"]
+        assert in_slot() == ["attention"]
         await press(pilot, "v", "v")
-        assert visible() == ["next_token"]
+        assert in_slot() == ["next_token"]
 
 
 async def test_w_toggles_the_walkthrough(model):
@@ -454,3 +456,33 @@ async def test_80x24_shows_four_panels_and_the_narration(model):
         narration = screen.query_one(NarrationPanel)
         wrapped = narration.render().wrap(pilot.app.console, narration.content_size.width)
         assert len(wrapped) <= narration.content_size.height, "the narration is cut off"
+
+
+@pytest.mark.parametrize("temperature, tolerance", [(0.8, 1e-6), (1.0, 1e-6), (1.3, 1e-6), (1.25, 0.01)])
+@pytest.mark.parametrize("top_k, top_p, min_p", [(0, 1.0, 0.0), (0, 0.9, 0.0), (0, 0.5, 0.0),
+                                                 (5, 1.0, 0.0), (0, 1.0, 0.1)])
+def test_preview_is_the_sampler_over_the_whole_vocabulary(model, temperature, tolerance, top_k, top_p,
+                                                          min_p):
+    # The trace keeps 64 logits and the rest's log-sum-exp at 0.1 steps of temperature: the
+    # preview of a setting is what the sampler gives on the full row (between steps: close).
+    from tinyinfer.sampling import probs_from_logits
+    from tui.panels.next_token import preview_probs
+
+    engine = tinyinfer.Engine(model, detail="full")
+    prompt = model.tokenizer.encode("ROMEO:\nBut soft")
+    rid = engine.add_request(prompt, tinyinfer.SamplingParams(temperature=1.0, seed=2, max_tokens=4))
+    parts = []
+    while engine.has_unfinished():
+        parts.append(engine.step().seqs[0])
+    out = engine.release(rid).token_ids
+    params = tinyinfer.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    for i, part in enumerate(parts):
+        full = probs_from_logits(model.logits(prompt + out[:i])[-1], params)
+        preview = preview_probs(part, params)
+        inside = np.count_nonzero(full) <= len(part.top_logits)  # the filters end among the 64
+        assert max(abs(preview[t] - full[t]) for t in preview) <= (tolerance if inside else 0.01)
+
+
+def test_token_text_never_reaches_the_terminal_as_a_control_code():
+    assert visible("\x05a\x1b[31m\n\t\r\x7f") == "␅a␛[31m↵→␍␡"
+    assert visible("") == "∅"

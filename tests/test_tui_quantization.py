@@ -12,8 +12,9 @@ from tinyinfer.quant import (BINS, QuantConfig, error_histograms, layer_errors, 
 from tinyinfer.weights import load_weights
 
 from tui.app import TinyInferApp
+from tui.drawing import short_name
 from tui.options import Options
-from tui.panels.quantization import QuantizationPanel, short_name
+from tui.panels.quantization import QuantizationPanel
 from tui.screens.run import RunScreen
 from tests.tui_pilot import settle, started
 

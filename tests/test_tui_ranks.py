@@ -72,7 +72,8 @@ async def test_replayed_trace_with_ranks_shows_the_panel(tp_model, tmp_path):
     path = tmp_path / "tp.jsonl"
     session = Session.live(tp_model, SCENARIOS["single"], record=path)
     for _ in range(2):
-        session.finish_step(session.compute_step(), session.begin_step())
+        session.begin_step()
+        session.finish_step(session.compute_step())
     recorded = session.frames[-1].traces[-1].rank_timings
     options = Options(replay=path, show_timings=True)
     async with TinyInferApp(options).run_test(size=(120, 40)) as pilot:

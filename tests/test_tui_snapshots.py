@@ -48,7 +48,7 @@ def test_walkthrough_first_screens(snap_compare, model, size, steps):
     assert snap_compare(app(model), terminal_size=size, run_before=stepper(steps))
 
 
-SCENARIO_STEPS = {"single": 6, "batching": 7, "prefix": 5, "pressure": 4, "speculative": 8}
+SCENARIO_STEPS = {"single": 6, "batching": 7, "prefix": 5, "pressure": 4, "speculative": 8, "chunked": 6}
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")

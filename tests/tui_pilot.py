@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 from typing import Callable
 
+from rich.console import Console
 from textual.worker import WorkerFailed
 
 from tui.screens.run import RunScreen
@@ -28,3 +30,13 @@ async def started(pilot, ready: Callable[[RunScreen], bool] = lambda screen: Tru
         if isinstance(pilot.app.screen, RunScreen) and ready(pilot.app.screen):
             return pilot.app.screen
     raise AssertionError(f"still on {pilot.app.screen!r}")
+
+
+def screen_text(app) -> str:
+    """What the terminal shows now, as plain text: the same composition `App.export_screenshot`
+    draws, so a fact cut off by a panel's edge is missing here too."""
+    width, height = app.size
+    console = Console(width=width, height=height, file=io.StringIO(), record=True,
+                      color_system=None, legacy_windows=False, safe_box=False)
+    console.print(app.screen._compositor.render_update(full=True))
+    return console.export_text()

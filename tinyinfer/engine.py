@@ -54,7 +54,7 @@ from tinyinfer.speculative import (
     verify,
 )
 from tinyinfer.tokenizer import IncrementalDecoder
-from tinyinfer.trace import Candidate, PoolView, SeqStep, StepTrace
+from tinyinfer.trace import Candidate, PoolView, RequestStart, SeqStep, StepTrace
 
 # Plug points: functions this module calls by their global name, so that the course can put a
 # student's version in their place (lessons/support.py: plugged). tests/test_lessons.py checks
@@ -62,6 +62,9 @@ from tinyinfer.trace import Candidate, PoolView, SeqStep, StepTrace
 PLUG_POINTS = ("verify",)  # speculative.verify, as the engine calls it
 
 TOP_LOGITS = 64
+# Temperatures at which a full-detail trace sums the logits outside the top ones, so a UI can
+# re-apply sampling settings over the whole vocabulary (the TUI's temperature knob: 0.1 steps).
+REST_TEMPERATURES = tuple(round(0.1 * i, 1) for i in range(1, 21))
 TOP_FOR_GREEDY = 20
 
 
@@ -146,6 +149,8 @@ class Engine:
         self._seq_ids = itertools.count()
         self._rng = np.random.default_rng(config.seed)
         self.step_count = 0
+        self._queued: list[RequestStart] = []  # for the next trace (detail basic and full)
+        self._described: set[int] = set()  # token ids whose text a trace carried already
 
     def _default_num_pages(self) -> int:
         """As many pages as kv_cache_memory pays for at the runner's bytes per value (a bf16 pool
@@ -180,6 +185,8 @@ class Engine:
         self._requests[request_id] = _Request(seq, decoder, RequestMetrics(time.perf_counter()),
                                               holdback=StopHoldback(params.stop))
         self.scheduler.add(seq)
+        if self.detail != "none":
+            self._queued.append(RequestStart(request_id, tuple(prompt_ids)))
         return request_id
 
     def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
@@ -256,7 +263,8 @@ class Engine:
                 last = rows_of_chunk.stop - 1
                 seq_step, pages = self._advance(chunk, self._sampler(chunk.seq, logits[last]))
             if self.detail == "full":
-                seq_step = self._with_detail(seq_step, len(steps), logits[last])
+                row = last if draft is None else rows_of_chunk.start + last
+                seq_step = self._with_detail(seq_step, len(steps), logits[row])
             steps.append(seq_step)
             freed += pages
         return self._finish_step(out, steps, freed, t0, t1, t2, t3)
@@ -274,6 +282,7 @@ class Engine:
             rank_timings[f"rank{rank.rank}_compute"] = rank.compute_s
             rank_timings[f"rank{rank.rank}_all_reduce"] = rank.all_reduce_s
             rank_timings[f"rank{rank.rank}_forward"] = rank.forward_s
+        requests, self._queued = tuple(self._queued), []
         return StepTrace(
             step=self.step_count,
             seqs=tuple(steps),
@@ -289,7 +298,27 @@ class Engine:
             pool=self.pool_view() if self.detail != "none" else None,
             timings=timings,
             rank_timings=rank_timings,
+            requests=requests,
+            token_texts=self._new_texts(requests, steps) if self.detail != "none" else (),
         )
+
+    def _new_texts(self, requests: tuple[RequestStart, ...],
+                   steps: list[SeqStep]) -> tuple[tuple[int, str], ...]:
+        """Texts of the token ids this step mentions that no earlier trace described."""
+        if not self.model.has_tokenizer:
+            return ()
+        ids = [t for r in requests for t in r.prompt_ids]
+        for s in steps:
+            ids += [*s.emitted, *s.draft_tokens, *(t for t, _ in s.top_logits),
+                    *(c.token_id for c in s.candidates)]
+            if s.token_id is not None:
+                ids.append(s.token_id)
+        texts = []
+        for t in dict.fromkeys(ids):
+            if t not in self._described:
+                self._described.add(t)
+                texts.append((t, self.model.tokenizer.generated_bytes(t).decode("utf-8", errors="replace")))
+        return tuple(texts)
 
     def _greedy_only(self, chunks: list[Chunk]) -> bool:
         """True when every row is plain greedy, so the runner may reduce logits on its side."""
@@ -385,7 +414,8 @@ class Engine:
         token_text, reason = self._accept(seq, choice)
         pages = self._finish(seq, reason) if reason is not None else []
         return SeqStep(**base, token_id=choice.token_id, token_text=token_text,
-                       logprob=choice.logprob, candidates=self._candidates(choice),
+                       logprob=choice.logprob, token_prob=choice.prob,
+                       candidates=self._candidates(choice),
                        finish_reason=reason), pages
 
     def _advance_speculative(self, chunk: Chunk, draft: Draft,
@@ -423,7 +453,8 @@ class Engine:
             pages = []
         choice = result.choices[len(emitted) - 1]
         return SeqStep(**{**base, "end": chunk.end + len(draft.tokens)}, token_id=choice.token_id,
-                       token_text=text, logprob=choice.logprob, candidates=self._candidates(choice),
+                       token_text=text, logprob=choice.logprob, token_prob=choice.prob,
+                       candidates=self._candidates(choice),
                        finish_reason=reason, draft_tokens=draft.tokens, accepted=result.accepted,
                        emitted=tuple(emitted)), pages, len(emitted) - 1
 
@@ -489,14 +520,19 @@ class Engine:
 
     def _with_detail(self, seq_step: SeqStep, row: int, logits: np.ndarray) -> SeqStep:
         """Attach raw top logits and (reference runner) attention weights to a step record."""
-        top = np.argsort(-logits, kind="stable")[:TOP_LOGITS]
+        order = np.argsort(-logits, kind="stable")
+        top, rest = order[:TOP_LOGITS], logits[order[TOP_LOGITS:]].astype(np.float64)
+        peak = rest.max() if rest.size else 0.0
+        rest_lse = tuple((t, float(peak / t + np.log(np.exp((rest - peak) / t).sum())))
+                         for t in REST_TEMPERATURES) if rest.size else ()
         captured = self.model.runner.last_attention
         attention = ()
         if row < len(captured):
             attention = tuple(tuple(tuple(float(x) for x in head) for head in layer)
                               for layer in captured[row])
         return dataclasses.replace(
-            seq_step, top_logits=tuple((int(t), float(logits[t])) for t in top), attention=attention)
+            seq_step, top_logits=tuple((int(t), float(logits[t])) for t in top),
+            rest_logsumexp=rest_lse, attention=attention)
 
     def _candidates(self, choice: TokenChoice) -> tuple[Candidate, ...]:
         tokenizer = self.model.tokenizer if self.detail != "none" and self.model.has_tokenizer else None

@@ -20,7 +20,7 @@ MAX_LOGPROBS = 20
 # Repetition penalties divide (or multiply) logits: inside this range a finite float32 logit stays
 # finite in float64 by far, and every practical setting (about 1 to 2) fits.
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
-TUI_TOP_CANDIDATES = 5
+TUI_TOP_CANDIDATES = 16  # candidates a trace keeps: enough for a Next token panel's rows
 # Cumulative sums of float64 probabilities drift by a few ulps; a nucleus that reaches
 # top_p up to this slack counts as reaching it, so hand-built cases behave as written.
 _TOP_P_SLACK = 1e-12
@@ -304,6 +304,7 @@ class TokenChoice:
     logprob: float  # log p(token) under the raw model distribution (OpenAI's logprobs)
     top: tuple[tuple[int, float], ...]  # (id, processed p > 0), most likely first
     top_logprobs: tuple[tuple[int, float], ...]  # (id, raw logprob) when params.logprobs is set
+    prob: float  # p(token) after penalties, temperature and filters: the chance it was drawn with
 
 
 def processed_probs(
@@ -337,7 +338,8 @@ def describe_choice(
             (int(i), float(raw_logprobs[i])) for i in _top_indices(raw_logprobs, params.logprobs)
         )
     return TokenChoice(
-        token_id=token, logprob=float(raw_logprobs[token]), top=top, top_logprobs=top_logprobs
+        token_id=token, logprob=float(raw_logprobs[token]), top=top, top_logprobs=top_logprobs,
+        prob=float(p[token]),
     )
 
 
@@ -359,7 +361,7 @@ def greedy_choices_from_top(ids: np.ndarray, values: np.ndarray, logsumexp: np.n
         n = p.logprobs or 0
         top_logprobs = tuple(zip(ids[row, :n].tolist(), logprobs[row, :n].tolist())) if n else ()
         token = first_ids[row]
-        choices.append(TokenChoice(token, first_logprobs[row], ((token, 1.0),), top_logprobs))
+        choices.append(TokenChoice(token, first_logprobs[row], ((token, 1.0),), top_logprobs, prob=1.0))
     return choices
 
 

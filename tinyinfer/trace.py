@@ -36,6 +36,7 @@ class SeqStep:
     token_id: int | None = None  # the sampled token, if this chunk reached the end
     token_text: str = ""
     logprob: float | None = None
+    token_prob: float | None = None  # its probability after the request's sampling filters
     candidates: tuple[Candidate, ...] = ()
     finish_reason: str | None = None  # "stop", "length", "abort" once finished
     # detail="full" only: raw logits of the most likely tokens (UIs re-apply sampling filters
@@ -45,7 +46,18 @@ class SeqStep:
     accepted: int = 0
     emitted: tuple[int, ...] = ()
     top_logits: tuple[tuple[int, float], ...] = ()
+    # (T, log Σ exp(logit / T)) over every logit not in top_logits, at T = 0.1, 0.2, ... 2.0
+    rest_logsumexp: tuple[tuple[float, float], ...] = ()
     attention: tuple[tuple[tuple[float, ...], ...], ...] = ()  # [layer][head][context]
+
+
+@dataclass(frozen=True)
+class RequestStart:
+    """A request queued since the step before: its prompt's token ids (their texts ride in
+    StepTrace.token_texts), so a replay shows every prompt."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,10 @@ class StepTrace:
     # tensor parallelism: each rank's share of "forward", keyed rank{r}_compute / _all_reduce /
     # _forward (seconds; empty on one process or when no forward pass ran)
     rank_timings: dict[str, float] = field(default_factory=dict)
+    # detail basic and full: requests queued since the step before, and the text of every token
+    # id that no earlier step of this engine described (prompts, samples, drafts, candidates)
+    requests: tuple[RequestStart, ...] = ()
+    token_texts: tuple[tuple[int, str], ...] = ()
 
     @property
     def prefill_tokens(self) -> int:
@@ -108,6 +124,7 @@ def _step_from_dict(d: dict[str, Any]) -> StepTrace:
                    "draft_tokens": tuple(s["draft_tokens"]), "emitted": tuple(s["emitted"]),
                    "token_ids": tuple(s["token_ids"]),
                    "top_logits": tuple(tuple(x) for x in s["top_logits"]),
+                   "rest_logsumexp": tuple(tuple(x) for x in s.get("rest_logsumexp", ())),
                    "attention": tuple(tuple(tuple(h) for h in layer) for layer in s["attention"])})
         for s in d["seqs"]
     )
@@ -120,8 +137,11 @@ def _step_from_dict(d: dict[str, Any]) -> StepTrace:
                           for r in pool.get("ranks", ()))})
     tuples = ("admitted", "preempted", "finished", "pages_allocated", "pages_freed",
               "prefix_hit_pages")
-    rest = {k: tuple(d[k]) if k in tuples else d[k] for k in d if k not in ("seqs", "pool")}
-    return StepTrace(seqs=seqs, pool=pool_view, **rest)
+    nested = ("seqs", "pool", "requests", "token_texts")
+    rest = {k: tuple(d[k]) if k in tuples else d[k] for k in d if k not in nested}
+    requests = tuple(RequestStart(r["request_id"], tuple(r["prompt_ids"])) for r in d.get("requests", ()))
+    texts = tuple((int(t), str(x)) for t, x in d.get("token_texts", ()))
+    return StepTrace(seqs=seqs, pool=pool_view, requests=requests, token_texts=texts, **rest)
 
 
 def write_trace(path: str, traces: Iterable[StepTrace]) -> None:

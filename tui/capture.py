@@ -1,8 +1,9 @@
 """Drive the real `python -m tui` inside tmux and print what the terminal shows.
 
-Used by the tmux test and to make the capture in the docs:
+Used by the tmux test and to make the captures in the docs:
 
     python -m tui.capture --steps 3 --out docs/tui-capture.txt -- --scenario batching --no-timings
+    python -m tui.capture --steps 0 --keys c --wait "same text as off" -- --scenario speculative
 """
 
 from __future__ import annotations
@@ -78,13 +79,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tui.capture", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="engine steps before the capture")
     parser.add_argument("--size", default="120x40", help="terminal WIDTHxHEIGHT (default 120x40)")
+    parser.add_argument("--keys", nargs="*", default=[], metavar="KEY",
+                        help="tmux key names to press after the steps (c opens the comparison)")
+    parser.add_argument("--wait", default=None, metavar="TEXT",
+                        help="after the keys, wait until the screen shows TEXT")
     parser.add_argument("--out", type=Path, default=None, help="write the capture here")
     parser.add_argument("tui_args", nargs="*", help="arguments for python -m tui (after --)")
     args = parser.parse_args(argv)
     width, height = (int(x) for x in args.size.split("x"))
     tui = TmuxTUI(args.tui_args, width, height)
     try:
-        screen = step(tui, args.steps)
+        step(tui, args.steps)
+        for key in args.keys:
+            tui.press(key)
+        if args.wait is not None:
+            tui.wait_for(args.wait, timeout=180.0)
         time.sleep(0.3)  # let the last redraw land
         screen = tui.screen()
         tui.press("q")

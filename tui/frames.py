@@ -7,10 +7,9 @@ moving a cursor, and a recorded trace replays into the same frames without a mod
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from tinyinfer.trace import PoolView, SeqStep, StepTrace
+from tinyinfer.trace import PoolView, RequestStart, SeqStep, StepTrace
 
 
 @dataclass(frozen=True)
@@ -27,7 +26,7 @@ class SeqView:
 
     request_id: str
     seq_id: int | None  # known once a step has scheduled it
-    prompt: tuple[Token, ...]  # empty when unknown: a recorded trace holds no prompt tokens
+    prompt: tuple[Token, ...]  # empty when unknown (a trace recorded without them)
     prompt_len: int | None = None
     output: tuple[Token, ...] = ()
     state: str = "waiting"  # waiting, running or finished
@@ -94,9 +93,6 @@ class Frame:
         return (running or list(self.seqs) or [None])[0]
 
 
-Namer = Callable[[int], str]  # token id -> its text; live sessions ask the tokenizer
-
-
 def start_frame(seqs: tuple[SeqView, ...], pool: PoolView | None) -> Frame:
     return Frame(0, "start", "", seqs, (), pool)
 
@@ -108,24 +104,28 @@ def emitted(part: SeqStep) -> tuple[int, ...]:
     return () if part.token_id is None else (part.token_id,)
 
 
-def _known_texts(frame: Frame, trace: StepTrace, namer: Namer | None) -> dict[int, str]:
-    """Token texts after a step: the candidates' from the trace, all top logits' from a namer."""
+def _known_texts(frame: Frame, trace: StepTrace) -> dict[int, str]:
+    """Token texts after a step: what earlier frames knew and what this trace describes."""
     texts = dict(frame.texts)
     for part in trace.seqs:
         texts.update((c.token_id, c.text) for c in part.candidates)
-        if namer is not None:
-            ids = [t for t, _ in part.top_logits] + list(part.draft_tokens) + list(emitted(part))
-            texts.update((t, namer(t)) for t in ids if t not in texts)
+    texts.update(trace.token_texts)
     return texts
 
 
-def after_step(frame: Frame, trace: StepTrace, arrivals: tuple[SeqView, ...] = (),
-               namer: Namer | None = None) -> Frame:
-    """Fold one engine step (and the requests that arrived just before it) into a new frame."""
-    texts = _known_texts(frame, trace, namer)
+def arrived(request: RequestStart, texts: dict[int, str], arrival_step: int) -> SeqView:
+    """A request as a trace announces it: waiting, with its prompt's tokens."""
+    prompt = tuple(Token(t, texts.get(t, f"#{t}")) for t in request.prompt_ids)
+    return SeqView(request.request_id, None, prompt, prompt_len=len(prompt), arrival_step=arrival_step)
+
+
+def after_step(frame: Frame, trace: StepTrace) -> Frame:
+    """Fold one engine step (and the requests queued just before it) into a new frame."""
+    texts = _known_texts(frame, trace)
     seqs = {s.request_id: s for s in frame.seqs}
-    for s in arrivals:
-        seqs[s.request_id] = s
+    new = [r for r in trace.requests if r.request_id not in seqs]
+    for r in new:
+        seqs[r.request_id] = arrived(r, texts, frame.steps_done)
     step_no = frame.steps_done + 1
     for seq_id in trace.preempted:
         rid = next(r for r, s in seqs.items() if s.seq_id == seq_id)
@@ -148,7 +148,7 @@ def after_step(frame: Frame, trace: StepTrace, arrivals: tuple[SeqView, ...] = (
         if part.finish_reason is not None:
             changes.update(state="finished", finish_reason=part.finish_reason)
         seqs[part.request_id] = dataclasses.replace(s, **changes)
-    note = ", ".join(f"{s.request_id} arrived" for s in arrivals)
+    note = ", ".join(f"{r.request_id} arrived" for r in new)
     return Frame(frame.index + 1, "step", note, tuple(seqs.values()), frame.traces + (trace,),
                  trace.pool, texts)
 
@@ -169,8 +169,17 @@ def after_abort(frame: Frame, request_id: str, pool: PoolView) -> Frame:
 
 
 def replay_frames(traces: list[StepTrace]) -> list[Frame]:
-    """Frames of a recorded run: requests appear when the trace first schedules them."""
-    frames = [start_frame((), traces[0].pool if traces else None)]
+    """Frames of a recorded run: requests appear as the trace announces them (a trace recorded
+    without announcements: when it first schedules them)."""
+    first = traces[0] if traces else None
+    texts = dict(first.token_texts) if first else {}
+    seqs = tuple(arrived(r, texts, 0) for r in first.requests) if first else ()
+    pool = first.pool if first else None
+    if pool is not None:  # as it was before the first step: every page free
+        pool = dataclasses.replace(pool, used=0, free=pool.num_pages, cached=0, cached_pages=(),
+                                   prefix_hits=0, prefix_queries=0,
+                                   owners=((),) * pool.num_pages)
+    frames = [start_frame(seqs, pool)]
     for trace in traces:
         frames.append(after_step(frames[-1], trace))
     return frames

@@ -101,6 +101,19 @@ SCENARIOS: dict[str, Scenario] = {
             page_size=8,
         ),
         Scenario(
+            name="chunked",
+            title="chunked prefill: a long prompt in pieces",
+            intro="Two requests decode; at step 4 a long prompt arrives, and each step's budget of "
+                  "24 tokens splits its prefill over several steps while the others keep decoding.",
+            arrivals=(
+                Arrival("ROMEO:\n", 0, 16),
+                Arrival("JULIET:\n", 0, 16),
+                Arrival(PROLOGUE + "CHORUS:\nNow old desire doth in his death-bed lie,\n", 3, 8),
+            ),
+            num_pages=32,
+            max_num_batched_tokens=24,
+        ),
+        Scenario(
             name="speculative",
             title="speculative decoding: draft, then verify",
             intro="A cheap drafter guesses a few tokens; the model checks them all in one pass.",

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import tinyinfer
 from tinyinfer.errors import TinyInferError
@@ -77,16 +78,18 @@ class Session:
 
     @classmethod
     def live(cls, model: tinyinfer.Model, scenario: Scenario, seed: int = 0,
-             record: Path | None = None, speculation: Speculation | None = None) -> Session:
-        """Start a scenario on a loaded model: requests due at step 0 are queued already."""
+             record: Path | None = None, speculation: Speculation | None = None,
+             **engine_options: Any) -> Session:
+        """Start a scenario on a loaded model: requests due at step 0 are queued already.
+        `engine_options` are EngineConfig fields that replace the scenario's (comparisons)."""
         lens = [len(model.tokenizer.encode(a.prompt)) for a in scenario.arrivals]
         speculating = speculation is not None and speculation.on
-        engine = tinyinfer.Engine(
-            model, num_pages=scenario.pool_pages(lens), page_size=scenario.page_size,
-            max_num_seqs=scenario.max_num_seqs,
-            max_num_batched_tokens=scenario.max_num_batched_tokens, seed=seed, detail="full",
-            drafter=speculation.make() if speculating else None,
-            num_draft=speculation.num_draft if speculating else 4)
+        options = dict(num_pages=scenario.pool_pages(lens), page_size=scenario.page_size,
+                       max_num_seqs=scenario.max_num_seqs,
+                       max_num_batched_tokens=scenario.max_num_batched_tokens, seed=seed,
+                       detail="full", num_draft=speculation.num_draft if speculating else 4)
+        engine = tinyinfer.Engine(model, drafter=speculation.make() if speculating else None,
+                                  **{**options, **engine_options})
         source = Source(model.name, model.runner.name, scenario.name,
                         speculation.name if speculating else "",
                         precision_of(model) if scenario.quantize is not None else "")
@@ -110,11 +113,14 @@ class Session:
             raise TinyInferError(f"{path} holds no steps to replay: record a run with --record FILE")
         return cls(replay_frames(traces), Source(path.name, "replay", "replay"))
 
-    def restart(self, prompt: str | None = None, speculative: bool | None = None) -> Session:
+    def restart(self, prompt: str | None = None, speculative: bool | None = None,
+                intro: str | None = None) -> Session:
         """A fresh engine on the same model and pool shape: a new prompt, or the same requests
-        with speculative decoding switched on or off."""
+        with speculative decoding switched on or off (and `intro` as the walkthrough's opening)."""
         assert self.engine is not None and self.scenario is not None
         scenario = self.scenario if prompt is None else self.scenario.with_prompt(prompt)
+        if intro is not None:
+            scenario = dataclasses.replace(scenario, intro=intro)
         speculation = self.speculation
         if speculative is not None:
             if speculation is None:
@@ -135,6 +141,11 @@ class Session:
         return Session.live(model, scenario, self._seed, self.record, self.speculation)
 
     # ------------------------------------------------------------------ where we are
+
+    @property
+    def seed(self) -> int:
+        """The sampling seed the scenario's requests are drawn with."""
+        return self._seed
 
     @property
     def frame(self) -> Frame:
@@ -178,20 +189,20 @@ class Session:
 
     # ------------------------------------------------------------------ live stepping
 
-    def begin_step(self) -> tuple[SeqView, ...]:
+    def begin_step(self) -> None:
         """Queue the scenario's requests due now (main thread, before the engine steps)."""
         assert self.engine is not None
-        step = self.engine.step_count
-        return tuple(self._submit(a, i) for a, i in self._due(step))
+        for arrival, index in self._due(self.engine.step_count):
+            self._submit(arrival, index)
 
     def compute_step(self) -> StepTrace:
         """Run the engine once (slow: call from a worker thread)."""
         assert self.engine is not None
         return self.engine.step()
 
-    def finish_step(self, trace: StepTrace, arrivals: tuple[SeqView, ...]) -> Frame:
+    def finish_step(self, trace: StepTrace) -> Frame:
         """Record the step as the newest frame and show it."""
-        frame = after_step(self.frames[-1], trace, arrivals, lambda t: self.token(t).text)
+        frame = after_step(self.frames[-1], trace)
         self._push(frame)
         if self.record is not None:
             with self.record.open("a", encoding="utf-8") as f:
@@ -221,7 +232,7 @@ class Session:
     def next_params(self, base: tinyinfer.SamplingParams) -> tinyinfer.SamplingParams:
         """Sampling for a request added by hand: the chosen settings with a fresh seed."""
         return tinyinfer.SamplingParams(max_tokens=base.max_tokens, temperature=base.temperature,
-                                        top_k=base.top_k, top_p=base.top_p,
+                                        top_k=base.top_k, top_p=base.top_p, min_p=base.min_p,
                                         seed=self._seed + 1000 + self._requests)
 
     # ------------------------------------------------------------------ internals

@@ -6,16 +6,20 @@ from types import ModuleType
 
 import tinyinfer
 from lessons.support import (
+    Spread,
     claim,
     heading,
     heldout_text,
     load_model,
     measure_machine,
+    ratios,
     table,
     track,
 )
 from tinyinfer.model import Model
 from tinyinfer.trace import StepTrace
+
+REPEATS = 3  # runs per prompt length: C1's verdict reads the median
 
 
 def run_prompt(model: Model, prompt: list[int], new_tokens: int) -> list[StepTrace]:
@@ -51,35 +55,42 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
                      "compute" if ai > balance else "memory"))
     print(table(("tokens in the step", "FLOPs", "bytes", "FLOPs/byte", "bound by"), rows))
 
-    heading("the engine: one request per prompt length, greedy")
     ids = m.tokenizer.encode(heldout_text(8000))
     lengths = (16, 128) if quick else (16, 64, 256, 512)
     new_tokens = 12 if quick else 32
+    heading(f"the engine: one request per prompt length, greedy, each length run {REPEATS} times")
+    measured: dict[int, list] = {n: [] for n in lengths}
+    for _ in track(range(REPEATS), "rounds over the prompt lengths"):
+        for n in lengths:  # interleaved, so a busy spell slows every length alike
+            measured[n].append(impl.phase_times(run_prompt(m, ids[:n], new_tokens)))
     rows, results = [], []
-    for n in track(lengths, "prompt lengths"):
-        phases = impl.phase_times(run_prompt(m, ids[:n], new_tokens))
-        prefill_rate = phases.prefill_tokens / phases.prefill_seconds
-        decode_rate = phases.decode_tokens / phases.decode_seconds
-        results.append((n, phases, prefill_rate, decode_rate))
-        rows.append((n, f"{1e3 * phases.prefill_seconds:.0f} ms", prefill_rate, decode_rate,
-                     f"{1e3 / decode_rate:.1f} ms", f"{1e3 / prefill_rate:.2f} ms"))
+    for n in lengths:
+        ttft = Spread(tuple(p.prefill_seconds for p in measured[n]))
+        prefill = Spread(tuple(p.prefill_tokens / p.prefill_seconds for p in measured[n]))
+        decode = Spread(tuple(p.decode_tokens / p.decode_seconds for p in measured[n]))
+        ratio = ratios(prefill, decode)
+        results.append((n, prefill.median, decode.median, ratio))
+        rows.append((n, f"{1e3 * ttft.median:.0f} ms", prefill.median, decode.median,
+                     f"{1e3 / decode.median:.1f} ms", f"{1e3 / prefill.median:.2f} ms",
+                     f"{ratio.median:.1f}x ({ratio.low:.1f}-{ratio.high:.1f})"))
     print(table(("prompt tokens", "TTFT", "prefill tok/s", "decode tok/s", "per output token",
-                 "per prompt token"), rows))
+                 "per prompt token", "prefill/decode per token"), rows))
+    print(f"medians of {REPEATS} runs on this machine; the last column's range is run to run")
 
-    n, phases, prefill_rate, decode_rate = results[-1]
-    ratios = [p / d for _, _, p, d in results]
-    best = max(ratios)
+    n, prefill_rate, decode_rate, last = results[-1]
+    per_length = [r.median for _, _, _, r in results]
+    best = max(per_length)
     attention = 4 * n * n * c.num_heads * c.head_dim * c.num_layers  # QK^T and AV over the full square
     share = attention / (attention + 2 * n * c.num_parameters)
     why = ("prefill computes all prompt tokens in one pass, reusing each weight for every token"
-           if ratios[-1] >= 5 else
-           f"prefill per token got slower as the prompt grew ({results[0][2]:,.0f} -> {prefill_rate:,.0f} tok/s): "
+           if last.median >= 5 else
+           f"prefill per token got slower as the prompt grew ({results[0][1]:,.0f} -> {prefill_rate:,.0f} tok/s): "
            f"attention's work grows with the square of the prompt (about {100 * share:.0f}% of the FLOPs at "
            f"{n} tokens), and the reference runner computes it with np.einsum, which is no BLAS matmul; "
            "lesson 02's timing table shows attention's share of the time")
-    claim("C1", f"prefill {best:.0f}x faster per token than decode at best, {ratios[-1]:.0f}x with a "
-          f"{n}-token prompt; TTFT grows with the prompt ({rows[0][1]} -> {rows[-1][1]})",
-          True if ratios[-1] >= 5 else (None if best >= 5 else False), why)
+    claim("C1", f"prefill {best:.0f}x faster per token than decode at best, {last.said('.1f', 'x')} with a "
+          f"{n}-token prompt; TTFT grows with the prompt ({rows[0][1]} -> {rows[-1][1]}, medians)",
+          True if last.median >= 5 else (None if best >= 5 else False), why)
     claim("C16", f"an output token costs {prefill_rate / decode_rate:.0f}x the time of a prompt token "
           f"({1e3 / decode_rate:.1f} ms vs {1e3 / prefill_rate:.2f} ms, {n}-token prompt)", decode_rate < prefill_rate,
           "each output token needs its own pass over all the weights; prompt tokens share one")

@@ -14,19 +14,24 @@ from tinyinfer.runners.runner import make_batch
 BLOCK = 16
 
 
-def interleaved(impl: ModuleType, m: Model, seqs: list[list[int]], chunk: int) -> tuple[float, dict[int, list[int]]]:
+def interleaved(impl: ModuleType, m: Model, seqs: list[list[int]],
+                chunk: int) -> tuple[float, dict[int, list[int]], dict[int, tuple[int, list[int]]]]:
     """Prefill sequences in mixed batches of chunks, on pages from the student's allocator.
 
     Sequence 1 finishes early and is freed, so the last sequence reuses its pages. Returns
-    the largest logit difference from computing each sequence alone, and the page tables.
+    the largest logit difference from computing each sequence alone, the page tables, and for
+    each sequence the step it finished at and the pages it gave back.
     """
     num_pages = sum(-(-len(s) // BLOCK) for s in seqs[:-1]) + 1  # the last sequence needs freed pages
     allocator = impl.PageAllocator(num_pages, BLOCK)
     kv = m.runner.new_kv_cache(num_pages, BLOCK)
     done = {i: 0 for i in range(len(seqs) - 1)}  # tokens computed; the last joins later
     tables: dict[int, list[int]] = {}
+    freed: dict[int, tuple[int, list[int]]] = {}
     worst = 0.0
+    step = 0
     while done:
+        step += 1
         entries, order = [], []
         for i, start in done.items():
             end = min(start + chunk, len(seqs[i]))
@@ -44,9 +49,10 @@ def interleaved(impl: ModuleType, m: Model, seqs: list[list[int]], chunk: int) -
                 tables[i] = list(allocator.page_table(i))
                 del done[i]
                 allocator.free(i)
+                freed[i] = (step, tables[i])
                 if i == 1:
                     done[len(seqs) - 1] = 0  # the newcomer takes the freed pages
-    return worst, tables
+    return worst, tables, freed
 
 
 def workload(m: Model, quick: bool) -> list[bench.Request]:
@@ -64,9 +70,15 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
     seqs = [ids[0:45], ids[500:530], ids[1000:1070], ids[2000:2040]]
 
     heading("your allocator places the K/V of 4 sequences, prefilled together in chunks of 8")
-    worst, tables = interleaved(impl, m, seqs, 8)
+    worst, tables, freed = interleaved(impl, m, seqs, 8)
+    step_1, pages_1 = freed[1]
     for i, pages in sorted(tables.items()):
-        print(f"sequence {i} ({len(seqs[i])} tokens): pages {pages}")
+        marked = ", ".join(f"{p}*" if i != 1 and p in pages_1 else str(p) for p in pages)
+        when = f", complete at step {freed[i][0]}, then freed"
+        print(f"sequence {i} ({len(seqs[i])} tokens): pages [{marked}]{when}")
+    print(f"* a page sequence 1 held until it was freed after step {step_1}: freed pages go back to the "
+          "allocator and the next sequence to need one gets it, so one page number appears in two "
+          "tables, at different times (sequence 3 joined only after sequence 1 was freed)")
     print(f"largest logit difference from running each sequence alone: {worst:.2e}"
           f" -> {'the scattered pages give the same answers' if worst < 1e-3 else 'WRONG answers'}")
 

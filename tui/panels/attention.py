@@ -12,10 +12,10 @@ import math
 from rich.text import Text
 from textual.reactive import reactive
 
+from tui.drawing import visible
 from tui.frames import SeqView
 from tui.palette import seq_color
-from tui.panels.base import Panel
-from tui.panels.tokens import visible
+from tui.panels.base import Panel, pack
 
 SHADES = " ░▒▓█"
 
@@ -68,22 +68,23 @@ class AttentionPanel(Panel):
         n_layers, n_heads = len(rows[-1].attention), len(rows[-1].attention[0])
         layer, head = self.layer_index % n_layers, self.head_index % n_heads
         last = rows[-1]
-        out = Text.assemble((seq.label, f"bold {seq_color(seq.seq_id)}"),
-                            f" layer {layer + 1}/{n_layers} head {head + 1}/{n_heads}",
-                            (f" query @{last.end - 1}", "dim"))
-        width = max(4, self.content_size.width - 5)
-        bin_size = max(1, math.ceil(last.end / width))
-        height = max(1, self.content_size.height - 2)
+        width = max(8, self.content_size.width)
+        bin_size = max(1, math.ceil(last.end / max(4, width - 5)))
+        header = [Text(seq.label, f"bold {seq_color(seq.seq_id)}"),
+                  Text(f"layer {layer + 1}/{n_layers}"), Text(f"head {head + 1}/{n_heads}"),
+                  Text(f"query @{last.end - 1}", "dim")]
+        if bin_size > 1:  # on the header, where it cannot be cut off
+            header.append(Text(f"{bin_size} pos/col", "bold"))
+        weights = last.attention[layer][head]
+        top = sorted(range(len(weights)), key=lambda i: -weights[i])[:3]
+        most = pack([Text("most:", "italic")] + [
+            Text(f"{visible(token_at(seq, i) or '?')!r}@{i} {weights[i]:.2f}", "italic") for i in top],
+            width, 6)
+        lines = pack(header, width, 2)
+        height = max(1, self.content_size.height - len(lines) - len(most))
         for part in rows[-height:]:
             mass = binned(part.attention[layer][head], bin_size)
             peak = max(mass) or 1.0
             cells = "".join(SHADES[min(4, math.ceil(4 * m / peak))] for m in mass)
-            out.append(f"\n{part.end - 1:>4} ", "dim")
-            out.append(cells, "#c678dd")
-        weights = last.attention[layer][head]
-        top = sorted(range(len(weights)), key=lambda i: -weights[i])[:3]
-        said = [f"{visible(token_at(seq, i) or '?')!r}@{i} {weights[i]:.2f}" for i in top]
-        out.append("\nmost: " + " · ".join(said), "italic")
-        if bin_size > 1:
-            out.append(f" ({bin_size} pos/col)", "dim")
-        return out
+            lines.append(Text.assemble((f"{part.end - 1:>4} ", "dim"), (cells, "#c678dd")))
+        return Text("\n").join(lines + most)

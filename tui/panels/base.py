@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
+from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
@@ -29,3 +31,23 @@ class Panel(Widget):
     def __init__(self) -> None:
         super().__init__(id=self.PANEL_ID)
         self.border_title = self.TITLE
+
+
+def pack(cells: Sequence[Text], width: int, indent: int = 0) -> list[Text]:
+    """Cells in order on as few lines of `width` as they need, one space apart, never split.
+
+    Panels lay out their facts with it instead of letting the terminal cut a line: a cell that
+    does not fit starts a new line, indented by `indent` columns under the first.
+    """
+    lines = [Text()]
+    for cell in cells:
+        line = lines[-1]
+        used = line.cell_len > (indent if len(lines) > 1 else 0)
+        if used and line.cell_len + 1 + cell.cell_len > width:
+            line = Text(" " * indent)
+            lines.append(line)
+            used = False
+        if used:
+            line.append(" ")
+        line.append_text(cell)
+    return lines

@@ -12,7 +12,7 @@ from textual.reactive import reactive
 from tinyinfer.trace import StepTrace
 
 from tui.frames import Frame, SeqView
-from tui.panels.base import Panel
+from tui.panels.base import Panel, pack
 
 
 def step_seconds(trace: StepTrace) -> float:
@@ -66,10 +66,11 @@ class MetricsPanel(Panel):
             Text(f"running {states.count('running')} · waiting {states.count('waiting')} · "
                  f"finished {states.count('finished')}"),
         ]
+        width = max(20, self.content_size.width)
         if self.show_timings:
             started = [s for s in frame.seqs if s.first_token_step is not None]
-            firsts = " ".join(f"s{s.seq_id} {ms(ttft(frame, s))}" for s in started[:4])
-            out.append(Text(f"TTFT {firsts or '—'}"))
+            firsts = [Text(f"s{s.seq_id} {ms(ttft(frame, s))}") for s in started] or [Text("—")]
+            out += pack([Text("TTFT"), *firsts], width, 5)
             tpots = [x for x in (tpot(frame, s) for s in started) if x is not None]
             engine = sum(step_seconds(t) for t in traces)
             made = sum(len(s.output) for s in frame.seqs)
@@ -89,8 +90,8 @@ class MetricsPanel(Panel):
             out.append(Text(f"prefix hits {hits}/{prompt} prompt tok ({100 * hits / prompt:.0f}%)"))
         trace = frame.trace
         if self.show_timings and trace is not None:
-            stages = " ".join(f"{k} {ms(v)}" for k, v in trace.timings.items())
-            out.append(Text(f"this step: {stages}", style="dim"))
+            stages = [Text(f"{k} {ms(v)}", style="dim") for k, v in trace.timings.items()]
+            out += pack([Text("this step:", style="dim"), *stages], width, 2)
         return out
 
     def render(self) -> Text:

@@ -9,12 +9,12 @@ from textual.reactive import reactive
 
 from tinyinfer.model import Model
 from tinyinfer.quant import Histogram, LayerError
-from tui.panels.base import Panel
+from tui.drawing import FULL_SCALE, error_bar, short_name
+from tui.panels.base import Panel, pack
 from tui.session import precision_of
 
 PRECISIONS = ("fp32", "int8", "int4")  # the m key cycles through these
 SPARK = "▁▂▃▄▅▆▇█"
-BAR_WIDTH = 12
 
 
 @dataclass(frozen=True)
@@ -40,11 +40,6 @@ def report_of(model: Model) -> QuantReport:
         return QuantReport(precision, note="No float weights to compare with: this checkpoint "
                                            "was saved quantized (or loaded without measure_error).")
     return QuantReport(precision, model.quant_errors.layers, model.quant_errors.histograms)
-
-
-def short_name(name: str) -> str:
-    """'layers.3.gate.weight' -> '3.gate'."""
-    return name.removeprefix("layers.").removesuffix(".weight")
 
 
 def sparkline(hist: Histogram) -> str:
@@ -87,23 +82,21 @@ class QuantizationPanel(Panel):
             return out
         errors = report.errors
         chosen = self.quant_layer % len(errors)
-        worst = max(e.relative for e in errors)
         mean = sum(e.relative for e in errors) / len(errors)
-        out.append(f" · ‖W−Ŵ‖/‖W‖ mean {100 * mean:.2f}%", "dim")
-        rows = max(1, self.content_size.height - 4)
-        first = min(max(0, chosen - rows // 2), max(0, len(errors) - rows))
-        width = max(len(short_name(e.name)) for e in errors)
-        for i in range(first, min(len(errors), first + rows)):
-            e = errors[i]
-            filled = BAR_WIDTH * e.relative / worst if worst else 0.0
-            mark = "▶" if i == chosen else " "
-            out.append(f"\n{mark}{short_name(e.name):<{width}} ", "bold" if i == chosen else "")
-            out.append("█" * round(filled), "magenta")
-            out.append(" " * (BAR_WIDTH - round(filled)))
-            out.append(f" {100 * e.relative:5.2f}%")
+        width = max(20, self.content_size.width)
+        lines = pack([out, Text(f"· mean ‖W−Ŵ‖/‖W‖ {100 * mean:.2f}%"),
+                      Text(f"(bar 0–{100 * FULL_SCALE:.0f}%)", "dim")], width, 2)
         weights, errs = report.histograms[chosen]
         e = errors[chosen]
-        out.append(f"\n{short_name(e.name)} (j/J) max |err| {e.max_abs:.2g}", "dim")
-        out.append(f"\nW   {sparkline(weights)} ±{max(abs(weights.edges[0]), abs(weights.edges[-1])):.2g}")
-        out.append(f"\nerr {sparkline(errs)} ±{max(abs(errs.edges[0]), abs(errs.edges[-1])):.2g}")
-        return out
+        below = [Text(f"{short_name(e.name)} (j/J) max |err| {e.max_abs:.2g}", "dim"),
+                 Text(f"W   {sparkline(weights)} ±{max(abs(weights.edges[0]), abs(weights.edges[-1])):.2g}"),
+                 Text(f"err {sparkline(errs)} ±{max(abs(errs.edges[0]), abs(errs.edges[-1])):.2g}")]
+        rows = max(1, self.content_size.height - len(lines) - len(below))
+        first = min(max(0, chosen - rows // 2), max(0, len(errors) - rows))
+        name_width = max(len(short_name(e.name)) for e in errors)
+        for i in range(first, min(len(errors), first + rows)):
+            e = errors[i]
+            lines.append(Text.assemble(
+                ("▶" if i == chosen else " "), (f"{short_name(e.name):<{name_width}} ", "bold" if i == chosen else ""),
+                (error_bar(e.relative), "magenta"), f" {100 * e.relative:5.2f}%"))
+        return Text("\n").join(lines + below)

@@ -8,8 +8,7 @@ from textual.reactive import reactive
 from tinyinfer.trace import SeqStep, StepTrace
 
 from tui.palette import seq_color
-from tui.panels.base import Panel
-
+from tui.panels.base import Panel, pack
 
 
 def part_label(part: SeqStep) -> str:
@@ -23,7 +22,11 @@ def part_label(part: SeqStep) -> str:
 
 
 class TimelinePanel(Panel):
-    """Every step as a row: tokens computed (bar), the model's time, and who did what."""
+    """Every step as a row: tokens computed (bar), the model's time, and who did what.
+
+    A step's parts wrap under the "what" column rather than being cut: a step that mixes one
+    sequence's prefill with the others' decodes is the point of continuous batching.
+    """
 
     PANEL_ID = "timeline"
     TITLE = "Timeline"
@@ -34,35 +37,38 @@ class TimelinePanel(Panel):
     def bar_width(self) -> int:
         return max(4, min(12, (self.content_size.width - 24) // 2))
 
-    def row(self, trace: StepTrace, widest: int, current: bool) -> Text:
+    def row(self, trace: StepTrace, widest: int, current: bool) -> list[Text]:
+        """The step's lines: the numbers, then its parts packed under the "what" column."""
         tokens = trace.num_batched_tokens
         width = self.bar_width()
         bar = max(1, round(width * tokens / widest)) if tokens else 0
         kind = "prefill" if trace.prefill_tokens else "decode"
-        row = Text.assemble(
+        head = Text.assemble(
             (f"{trace.step:>3} ", "bold" if current else "dim"),
             (f"{'█' * bar:<{width}}", "#e5c07b" if kind == "prefill" else "#61afef"),
-            (f"{tokens:>4} ", ""),
+            (f"{tokens:>4}", ""),
         )
         if self.show_timings:
-            ms = 1e3 * trace.timings.get("forward", 0.0)
-            row.append(f"{ms:6.1f}ms ", "dim")
-        for part in trace.seqs:
-            row.append(part_label(part) + " ", seq_color(part.seq_id))
-        if not trace.seqs:
-            row.append("idle", "dim")
+            head.append(f" {1e3 * trace.timings.get('forward', 0.0):6.1f}ms", "dim")
+        parts = [Text(part_label(p), seq_color(p.seq_id)) for p in trace.seqs] or [Text("idle", "dim")]
+        lines = pack([head, *parts], max(self.content_size.width, head.cell_len + 12), head.cell_len + 1)
         if current:
-            row.stylize("reverse")
-        return row
+            for line in lines:
+                line.stylize("reverse")
+        return lines
 
     def render(self) -> Text:
         frame = self.frame
         if frame is None or not frame.traces:
             return Text("No steps yet: press space.", style="dim")
-        header = Text.assemble(("  # ", "dim"), (f"{'tokens':<{self.bar_width()}}", "dim"), ("   n ", "dim"),
-                               ("fwd time " if self.show_timings else "", "dim"), ("what", "dim"))
+        header = Text.assemble(("  # ", "dim"), (f"{'tokens':<{self.bar_width()}}", "dim"), ("   n", "dim"),
+                               (" fwd time" if self.show_timings else "", "dim"), (" what", "dim"))
         widest = max(1, max(t.num_batched_tokens for t in frame.traces))
-        rows = max(1, self.content_size.height - 1)
-        shown = frame.traces[-rows:]
-        lines = [header] + [self.row(t, widest, frame.trace is t) for t in shown]
-        return Text("\n").join(lines)
+        room = max(1, self.content_size.height - 1)
+        shown: list[Text] = []
+        for trace in reversed(frame.traces):  # the newest steps, whole, as many as fit
+            lines = self.row(trace, widest, frame.trace is trace)
+            if shown and len(shown) + len(lines) > room:
+                break
+            shown[:0] = lines
+        return Text("\n").join([header, *shown[-room:]])

@@ -5,17 +5,10 @@ from __future__ import annotations
 from rich.text import Text
 from textual.reactive import reactive
 
+from tui.drawing import visible
 from tui.frames import SeqView
 from tui.palette import OUTPUT_BACKGROUNDS, PROMPT_BACKGROUNDS, seq_color
 from tui.panels.base import Panel
-
-VISIBLE = str.maketrans({"\n": "↵", "\t": "→", "\r": "␍"})
-
-
-def visible(text: str) -> str:
-    """Token text with line breaks and tabs drawn as symbols, so every token has a width."""
-    return text.translate(VISIBLE) or "∅"
-
 
 def status(seq: SeqView) -> str:
     """A sequence's state in a few words."""

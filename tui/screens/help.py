@@ -14,10 +14,16 @@ PANELS_HELP = (
     ("Prompt & tokens", "each request's tokens in alternating colours; green = generated; "
                         "underlined = computed this step"),
     ("KV cache pages", "one cell per page, coloured by the sequence holding it"),
-    ("Next token", "candidates as sampled, and a preview with the current t/k/p settings"),
+    ("Next token", "candidates with the probability they were sampled with, and a preview with "
+                   "the current t/k/p (and min-p) settings over the whole vocabulary"),
     ("Attention", "newest query's weights over the context, one row per step"),
     ("Metrics", "TTFT, TPOT and tokens/s in engine time; pages; prefix-cache reuse"),
+    ("Speculative", "runs with a drafter: each verify step's guesses, kept ✓, rejected ✗ → the "
+                    "model's own token, or + a bonus"),
+    ("Quantization", "quantized runs: each weight's rounding error, bars on one 0-16% scale"),
     ("Timeline", "one row per step; bar length = tokens computed"),
+    ("c: compare", "the same requests side by side: speculative on/off, fp32/int8/int4, "
+                   "paged/contiguous memory"),
 )
 
 

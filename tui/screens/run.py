@@ -18,16 +18,17 @@ from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
 from tinyinfer import SamplingParams
-from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import TinyInferError
 from tinyinfer.trace import StepTrace
-from tui.frames import Frame, SeqView
-from tui.narration import Narration, narrate, precision_switched
+from tui.frames import Frame
+from tui.narration import Narration, Story, narrate, precision_switched, speculation_switched
 from tui.options import Options
 from tui.panels import PANELS
 from tui.panels.narration import NarrationPanel
 from tui.panels.quantization import QuantReport, next_precision, report_of
+from tui.compare import Comparison, default_kind
 from tui.scenarios import SUGGESTIONS
+from tui.screens.compare import CompareScreen
 from tui.screens.help import HelpScreen
 from tui.screens.prompt import PromptScreen
 from tui.screens.sampling import SamplingScreen
@@ -71,11 +72,14 @@ class RunScreen(Screen):
 
     BINDINGS = [
         Binding("space", "step", "Step", tooltip="Run one engine step (or replay the next recorded one)"),
-        Binding("r", "toggle_run", "Run/pause", tooltip="Run steps one after another, or pause"),
+        Binding("r", "toggle_run", "Run", tooltip="Run steps one after another, or pause"),
         Binding("b", "back", "Back", tooltip="Step back: show the previous frame (recorded, not re-run)"),
         Binding("n", "new_prompt", "New", tooltip="New prompt: a fresh engine running one prompt"),
         Binding("a", "add_request", "Add", tooltip="Add a request that joins the running batch"),
-        Binding("s", "sampling", "Sampling", tooltip="Type exact temperature / top-k / top-p / max tokens"),
+        Binding("s", "sampling", "Sampling",
+                tooltip="Type exact temperature / top-k / top-p / min-p / max tokens"),
+        Binding("c", "compare", "Compare", tooltip="Compare side by side: the same requests with "
+                "speculative decoding on/off, fp32/int8/int4 weights, paged/contiguous memory"),
         Binding("question_mark", "help", "Help", tooltip="This help"),
         Binding("right", "step", "Step forward", show=False),
         Binding("left", "back", "Step back (replays recorded steps)", show=False),
@@ -130,6 +134,7 @@ class RunScreen(Screen):
         self.busy = False  # an engine step is in flight
         self._suggestion = 0
         self._swappable: list[str] = []
+        self._comparisons: dict[str, Comparison] = {}  # run for this session already
         self.set_reactive(RunScreen.show_timings, options.show_timings)
         self.set_reactive(RunScreen.walkthrough, options.walkthrough)
         self.set_reactive(RunScreen.runner, session.source.runner)
@@ -158,6 +163,7 @@ class RunScreen(Screen):
     def adopt(self, session: Session) -> None:
         """Show a new session (a new prompt, speculative decoding switched)."""
         self.session = session
+        self._comparisons = {}
         self.focus_seq = None
         self.drafter = session.source.drafter
         self.sampling = sampling_for(session)
@@ -173,16 +179,16 @@ class RunScreen(Screen):
         frame = session.frame
         self.frame = frame
         scenario = session.scenario
-        page_size = frame.pool.page_size if frame.pool else DEFAULTS.page_size
-        self.narration = narrate(frame, scenario.intro if scenario else "", page_size)
-        where = "live" if session.at_end and session.is_live else (
+        self.narration = narrate(frame, Story(scenario.intro if scenario else "", session.source.precision,
+                                              replay=not session.is_live))
+        frames = f"frame {session.cursor + 1}/{len(session.frames)} "
+        where = "live" if session.at_end and session.is_live else frames + (
             "end of recording" if session.at_end else "replaying recorded steps")
         source = session.source
         speculative = f" · drafts: {self.drafter}" if self.drafter else ""
         precision = f" · {source.precision}" if source.precision else ""
         split = f" · {session.tensor_parallel} ranks" if session.tensor_parallel > 1 else ""
-        self.status_text = (f"step {frame.steps_done} · frame {session.cursor + 1}/{len(session.frames)}"
-                            f" {where} │ {source.model} · {source.runner}{split}{precision} · "
+        self.status_text = (f"step {frame.steps_done} · {where} │ {source.model} · {source.runner}{split}{precision} · "
                             f"{source.scenario}{speculative}")
 
     def watch_narration(self, narration: Narration | None) -> None:
@@ -205,7 +211,10 @@ class RunScreen(Screen):
             self.set_class(feature in features, f"-with-{feature}")
         self._swappable = [cls.PANEL_ID for cls in PANELS if cls.SWAPPABLE
                            and (cls.FEATURE is None or cls.FEATURE in features)]
-        self.swap = 0
+        # a run about a feature starts with the feature's own panel in the shared slot
+        featured = [i for i, cls in enumerate(c for c in PANELS if c.PANEL_ID in self._swappable)
+                    if cls.FEATURE is not None]
+        self.swap = featured[0] if featured else 0
 
     def watch_walkthrough(self, on: bool) -> None:
         self.set_class(not on, "-free")
@@ -231,17 +240,17 @@ class RunScreen(Screen):
             self.notify("Nothing left to run: press n for a new prompt or a to add a request.",
                         title="Done" if self.session.is_live else "End of recording")
             return
-        arrivals = self.session.begin_step()
+        self.session.begin_step()
         self.busy = True
-        self._job = self._run_step(arrivals)
+        self._job = self._run_step()
 
     @work(thread=True, exit_on_error=False, group="engine")
-    def _run_step(self, arrivals: tuple[SeqView, ...]) -> None:
+    def _run_step(self) -> None:
         trace = self.session.compute_step()
-        self.app.call_from_thread(self._stepped, trace, arrivals)
+        self.app.call_from_thread(self._stepped, trace)
 
-    def _stepped(self, trace: StepTrace, arrivals: tuple[SeqView, ...]) -> None:
-        self.session.finish_step(trace, arrivals)
+    def _stepped(self, trace: StepTrace) -> None:
+        self.session.finish_step(trace)
         self.busy = False
         self.show_frame()
 
@@ -333,11 +342,20 @@ class RunScreen(Screen):
         speculation = self.session.speculation
         on = speculation is not None and not speculation.on
         try:
-            self.adopt(self.session.restart(speculative=on))
+            name = speculation.name if speculation is not None else ""
+            self.adopt(self.session.restart(speculative=on, intro=speculation_switched(on, name)))
         except TinyInferError as exc:
             self.notify(str(exc), title="Cannot switch speculative decoding", severity="error")
             return
         self.notify(f"Speculative decoding {'on' if on else 'off'}: the requests start again.")
+
+    async def action_compare(self) -> None:
+        """The same requests under other settings, side by side (a new screen; escape returns)."""
+        if not self._live():
+            return
+        await self._idle()
+        self.app.push_screen(CompareScreen(self.session, default_kind(self.session), self._comparisons,
+                                           self.show_timings, self.options.device))
 
     # ------------------------------------------------------------------ quantization
 

@@ -1,4 +1,4 @@
-"""A dialog for exact sampling settings: temperature, top-k, top-p and max tokens."""
+"""A dialog for exact sampling settings: temperature, top-k, top-p, min-p and max tokens."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from textual.widgets import Input, Label
 from tinyinfer import SamplingParams
 from tinyinfer.errors import SamplingParamsError
 
-FIELDS = (("temperature", float), ("top_k", int), ("top_p", float), ("max_tokens", int))
+FIELDS = (("temperature", float), ("top_k", int), ("top_p", float), ("min_p", float), ("max_tokens", int))
 
 
 class SamplingScreen(ModalScreen[SamplingParams | None]):

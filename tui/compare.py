@@ -26,7 +26,9 @@ from tui.session import Session, precision_of, reload
 PRECISIONS = ("fp32", "int8", "int4")
 KINDS = {"speculative": "speculative decoding on vs off",
          "precision": "fp32 vs int8 vs int4 weights",
-         "memory": "paged vs contiguous KV memory"}
+         "memory": "paged vs contiguous KV memory",
+         "models": "this model vs a real instruct model"}
+REAL_MODEL = "smollm2"  # the real instruct model a classroom installs offline (docs/models.md)
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,52 @@ def compare_memory(session: Session) -> Comparison:
                       ("paged", "contiguous"), tuple(rows), notes)
 
 
+# ---------------------------------------------------------------------- the bundled model vs a real one
+
+
+def compare_models(session: Session, other: str = REAL_MODEL, device: str | None = None) -> Comparison:
+    """The run's requests on its model and on another one (a real instruct model; the bundled
+    model when the run is on that one): the same text, split by each model's tokenizer."""
+    assert session.engine is not None and session.scenario is not None
+    model = session.engine.model
+    if model.name == other:
+        other = "bundled"
+    second = tinyinfer.load(other, runner=model.runner.name, device=device)
+    models = (model, second)
+    frames = [run_to_end(Session.live(m, dataclasses.replace(session.scenario, quantize=None),
+                                      session.seed)) for m in models]
+    first = [_raw_probs(_first_sample(f)) for f in frames]
+
+    def top(probs: dict[int, float], frame: Frame, k: int) -> str:
+        best = sorted(probs, key=lambda t: -probs[t])[:k]
+        return " ".join(f"{_token(frame, t)} {probs[t]:.2f}".replace("0.", ".") for t in best)
+
+    def answer(frame: Frame) -> str:  # short enough for two columns at 80 characters
+        text = "".join(frame.text(t.token_id) or "" for t in frame.seqs[0].output)
+        return repr(visible(text[:18]) + ("…" if len(text) > 18 else ""))
+
+    rows = [
+        ("parameters", tuple(f"{m.config.num_parameters / 1e6:.1f} M" for m in models)),
+        ("layers · heads (KV)", tuple(f"{m.config.num_layers} · {m.config.num_heads} "
+                                      f"({m.config.num_kv_heads})" for m in models)),
+        ("linear weights", tuple(precision_of(m) for m in models)),
+        ("vocabulary", tuple(f"{m.config.vocab_size:,}" for m in models)),
+        ("1st prompt in tokens", tuple(str(f.seqs[0].prompt_len or len(f.seqs[0].prompt)) for f in frames)),
+        ("KV bytes per token", tuple(f"{m.config.kv_bytes_per_token(m.runner.info.itemsize):,}"
+                                     for m in models)),
+        ("1st token, top 2 (T = 1)", tuple(top(p, f, 2) for p, f in zip(first, frames))),
+        ("1st answer begins", tuple(answer(f) for f in frames)),
+        ("tokens generated", tuple(str(sum(len(s.output) for s in f.seqs)) for f in frames)),
+    ]
+    notes = ("The same requests, run to the end on each model with the same seed and sampling. Each "
+             "model cuts the text with its own tokenizer: a larger vocabulary needs fewer tokens for "
+             "the same words, and each token costs one position of KV cache.",
+             "A real model spends its parameters on language in general: its first-token choices "
+             "and its answer show what it learned, next to a small model trained on one author.")
+    return Comparison("models", f"{session.scenario.name}: {model.name} vs {second.name} on the same "
+                      "requests", (model.name, second.name), tuple(rows), notes)
+
+
 def default_kind(session: Session) -> str:
     """The comparison a run is about: its feature's, else memory."""
     if session.source.precision:
@@ -281,4 +329,6 @@ def compare(kind: str, session: Session, timings: bool = False, device: str | No
         return compare_speculation(session, timings)
     if kind == "precision":
         return compare_precisions(session, device)
+    if kind == "models":
+        return compare_models(session, device=device)
     return compare_memory(session)

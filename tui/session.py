@@ -278,7 +278,7 @@ def reload(model: tinyinfer.Model, precision: str, device: str | None = None) ->
     """The same checkpoint and runner with linear weights in `precision` ("fp32": unquantized)."""
     source = model.name if model.name in BUNDLED else model.path
     return tinyinfer.load(source, runner=model.runner.name, device=device,
-                          quantize=None if precision == "fp32" else precision, measure_error=True)
+                          quantize="none" if precision == "fp32" else precision, measure_error=True)
 
 
 def load_model(options: Options, quantize: str | None = None) -> tinyinfer.Model:

@@ -29,13 +29,14 @@ def comparison_table(comparison: Comparison) -> Table:
 
 
 class CompareScreen(Screen):
-    """Runs one comparison in a worker and shows it; 1, 2, 3 pick another, escape goes back."""
+    """Runs one comparison in a worker and shows it; 1 to 4 pick another, escape goes back."""
 
     BINDINGS = [
         Binding("escape,c", "close", "Back to the run"),
         Binding("1", "show('speculative')", "Speculative"),
         Binding("2", "show('precision')", "Precision"),
         Binding("3", "show('memory')", "Memory"),
+        Binding("4", "show('models')", "Models"),
     ]
 
     def __init__(self, session: Session, kind: str, cache: dict[str, Comparison],

@@ -23,7 +23,7 @@ PANELS_HELP = (
     ("Quantization", "quantized runs: each weight's rounding error, bars on one 0-16% scale"),
     ("Timeline", "one row per step; bar length = tokens computed"),
     ("c: compare", "the same requests side by side: speculative on/off, fp32/int8/int4, "
-                   "paged/contiguous memory"),
+                   "paged/contiguous memory, this model vs a real instruct model (4)"),
 )
 
 

@@ -150,6 +150,22 @@ def text_model_folder(tmp_path_factory) -> Path:
     return folder
 
 
+def nan_embedding_copy(src: Path, dst: Path, token_id: int) -> Path:
+    """A copy of a model folder whose embedding row of ``token_id`` is NaN: a real fault that
+    gives every sequence holding that token NaN logits and leaves the others untouched."""
+    import shutil
+
+    import numpy as np
+
+    from tinyinfer.weights import read_safetensors, write_safetensors
+
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    tensors = {k: np.array(v) for k, v in read_safetensors(dst / "model.safetensors").items()}
+    tensors["model.embed_tokens.weight"][token_id] = np.nan
+    write_safetensors(dst / "model.safetensors", tensors)
+    return dst
+
+
 @pytest.fixture(params=["numpy", "torch"])
 def runner_name(request) -> str:
     """Run a test once per model runner: the reference and the fast path must agree."""

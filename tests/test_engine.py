@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import tinyinfer
+from tests.conftest import nan_embedding_copy
 from tinyinfer.sampling import processed_probs
 from tinyinfer.trace import StepTrace
 
@@ -190,15 +191,8 @@ def test_a_request_whose_settings_overflow_fails_alone(model):
 def test_a_corrupt_row_fails_only_the_greedy_requests_that_reach_it(oracle_model, runner_name,
                                                                      tmp_path):
     # A real fault: one NaN embedding row; greedy requests take the fast top-k path.
-    import shutil
-
-    from tinyinfer.weights import read_safetensors, write_safetensors
-
     folder, _ = oracle_model("llama-gqa-untied")
-    shutil.copytree(folder, tmp_path / "m")
-    tensors = {k: np.array(v) for k, v in read_safetensors(tmp_path / "m" / "model.safetensors").items()}
-    tensors["model.embed_tokens.weight"][7] = np.nan
-    write_safetensors(tmp_path / "m" / "model.safetensors", tensors)
+    nan_embedding_copy(folder, tmp_path / "m", 7)
     healthy = tinyinfer.load(folder, runner=runner_name)
     corrupt = tinyinfer.load(tmp_path / "m", runner=runner_name)
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]  # only the first holds token 7

@@ -5,20 +5,18 @@ is refused before any is tokenized, with the tokenizing itself off the event loo
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import numpy as np
 import pytest
 
 import tinyinfer
+from tests.conftest import nan_embedding_copy
 from tests.held import HeldEngine, server_log, tracebacks
 from tinyinfer.serve.host import ServerThread
 from tinyinfer.serve.server import ServerConfig
-from tinyinfer.weights import read_safetensors, write_safetensors
 
 
 def health(url: str) -> dict:
@@ -88,13 +86,8 @@ def test_a_penalty_that_would_overflow_is_refused_and_the_running_stream_goes_on
 def corrupt(text_model_folder, tmp_path_factory):
     """The test model with one NaN embedding row: every sequence holding that token gets NaN
     logits, the others are untouched. Returns the model and a prompt that holds the token."""
-    folder = tmp_path_factory.mktemp("corrupt")
-    for path in text_model_folder.iterdir():
-        shutil.copy(path, folder / path.name)
-    bad_token = tinyinfer.load(folder).tokenizer.encode("To be")[0]
-    tensors = {k: np.array(v) for k, v in read_safetensors(folder / "model.safetensors").items()}
-    tensors["model.embed_tokens.weight"][bad_token] = np.nan
-    write_safetensors(folder / "model.safetensors", tensors)
+    bad_token = tinyinfer.load(text_model_folder).tokenizer.encode("To be")[0]
+    folder = nan_embedding_copy(text_model_folder, tmp_path_factory.mktemp("corrupt"), bad_token)
     return tinyinfer.load(folder), bad_token
 
 

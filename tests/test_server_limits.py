@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tinyinfer
-from tests.conftest import INTERRUPTIBLE
+from tests.conftest import INTERRUPTIBLE, nan_embedding_copy
 from tests.held import HeldEngine, server_log, tracebacks
 from tinyinfer.serve.host import ServerThread
 from tinyinfer.serve.server import ServerConfig
@@ -205,19 +205,8 @@ def test_request_timeout_stops_the_request(model):
 def test_engine_failure_mid_step_is_500_and_the_server_keeps_serving(text_model_folder, tmp_path):
     # A real fault: one corrupt embedding row (NaN) makes every sequence containing that
     # token produce NaN logits, so sampling raises inside step(); other prompts are fine.
-    import shutil
-
-    import numpy as np
-
-    from tinyinfer.weights import read_safetensors, write_safetensors
-
-    for path in text_model_folder.iterdir():
-        shutil.copy(path, tmp_path / path.name)
-    bad_token = tinyinfer.load(tmp_path).tokenizer.encode("To be")[0]
-    tensors = {k: np.array(v) for k, v in read_safetensors(tmp_path / "model.safetensors").items()}
-    tensors["model.embed_tokens.weight"][bad_token] = np.nan
-    write_safetensors(tmp_path / "model.safetensors", tensors)
-    model = tinyinfer.load(tmp_path)
+    bad_token = tinyinfer.load(text_model_folder).tokenizer.encode("To be")[0]
+    model = tinyinfer.load(nan_embedding_copy(text_model_folder, tmp_path / "m", bad_token))
     greedy = tinyinfer.SamplingParams(max_tokens=1, temperature=0)
     with pytest.raises(ValueError, match="NaN"):
         tinyinfer.Engine(model).generate("To be", greedy)

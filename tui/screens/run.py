@@ -79,7 +79,8 @@ class RunScreen(Screen):
         Binding("s", "sampling", "Sampling",
                 tooltip="Type exact temperature / top-k / top-p / min-p / max tokens"),
         Binding("c", "compare", "Compare", tooltip="Compare side by side: the same requests with "
-                "speculative decoding on/off, fp32/int8/int4 weights, paged/contiguous memory"),
+                "speculative decoding on/off, fp32/int8/int4 weights, paged/contiguous memory, "
+                "a real instruct model"),
         Binding("question_mark", "help", "Help", tooltip="This help"),
         Binding("right", "step", "Step forward", show=False),
         Binding("left", "back", "Step back (replays recorded steps)", show=False),

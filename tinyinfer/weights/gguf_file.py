@@ -21,6 +21,7 @@ interleaved RoPE; they are put back in Hugging Face's order here, so one model c
 from __future__ import annotations
 
 from collections import Counter
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +130,7 @@ class GGUFCheckpoint:
             value = self.value(prefix + key, None)
             if value is not None:
                 raw[hf_key] = value
-        tokens = self.value("tokenizer.ggml.tokens", None)
-        raw["vocab_size"] = self.value(prefix + "vocab_size", len(tokens) if tokens else None)
+        raw["vocab_size"] = self.value(prefix + "vocab_size", len(self.tokens) or None)
         raw["tie_word_embeddings"] = "output.weight" not in self.tensors
         raw["bos_token_id"] = self.value("tokenizer.ggml.bos_token_id", None)
         raw["eos_token_id"] = [i for i in (self.value("tokenizer.ggml.eos_token_id", None),
@@ -151,24 +151,28 @@ class GGUFCheckpoint:
 
     # ------------------------------------------------------------ tokenizer
 
+    @cached_property
+    def tokens(self) -> list[str]:
+        """The vocabulary, id by id (empty without tokenizer metadata); read once, it is long."""
+        return self.value("tokenizer.ggml.tokens", [])
+
     @property
     def has_tokenizer(self) -> bool:
-        return "tokenizer.ggml.model" in self.reader.fields and "tokenizer.ggml.tokens" in self.reader.fields
+        return "tokenizer.ggml.model" in self.reader.fields and bool(self.tokens)
 
     def hf_tokenizer(self) -> tokenizers.Tokenizer:
         """The tokenizer the metadata describes, built with the tokenizers library: byte-level
         BPE ("gpt2": vocabulary, merges, pre-tokenizer by name) or SentencePiece BPE ("llama":
         vocabulary with scores, byte fallback)."""
-        kind = self.value("tokenizer.ggml.model", None)
-        tokens = self.value("tokenizer.ggml.tokens", None)
-        if kind is None or tokens is None:
+        if not self.has_tokenizer:
             raise CheckpointError(f"{self.path} has no tokenizer in its metadata")
+        kind, tokens = self.value("tokenizer.ggml.model"), self.tokens
         types = self.value("tokenizer.ggml.token_type", [1] * len(tokens))
         vocab = {token: i for i, token in enumerate(tokens)}
         if kind == "gpt2":
             tokenizer = self._byte_level_bpe(vocab)
         elif kind == "llama":
-            tokenizer = self._sentencepiece_bpe(vocab, types)
+            tokenizer = self._sentencepiece_bpe(vocab)
         else:
             raise CheckpointError(f"{self.path}: GGUF tokenizer model {kind!r} is not supported "
                                   "(gpt2 and llama are)")
@@ -178,7 +182,7 @@ class GGUFCheckpoint:
 
     def special_token_texts(self) -> dict[str, str]:
         """bos_token, eos_token, unk_token and pad_token as text (what chat templates print)."""
-        tokens = self.value("tokenizer.ggml.tokens", [])
+        tokens = self.tokens
         texts = {}
         for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"),
                           ("pad_token", "padding")):
@@ -206,7 +210,7 @@ class GGUFCheckpoint:
         tokenizer.decoder = decoders.ByteLevel()
         return tokenizer
 
-    def _sentencepiece_bpe(self, vocab: dict[str, int], types: list[int]) -> tokenizers.Tokenizer:
+    def _sentencepiece_bpe(self, vocab: dict[str, int]) -> tokenizers.Tokenizer:
         """SentencePiece BPE as transformers rebuilds it: a merge for every split of a token
         into two tokens, the best-scored result first; bytes not in the vocabulary fall back
         to their <0xNN> tokens."""
@@ -229,26 +233,20 @@ class GGUFCheckpoint:
                                                       QuantConfig | None]:
         """Runner weights by tinyinfer name, and the format the linear layers stayed in (None
         where they are floats, or dequantized because one format could not hold them all)."""
-        hf: dict[str, Any] = {}
+        kept = self.kept_format()
+        arrays: dict[str, WeightArray | QuantizedWeight] = {}
         origin: dict[str, str] = {}
         for name, tensor in self.tensors.items():
             hf_name = self._hf_name(name)
             if hf_name is None:
                 continue
-            hf[hf_name] = (tensor, name)
-            origin[hf_name] = f"{self.path} ({name})"
-        linear = {n for n in hf if _is_linear(n)}
-        kept = self.kept_format()
-        arrays = {}
-        for hf_name, (tensor, name) in hf.items():
-            keep = kept is not None and hf_name in linear
-            value = self._quantized(tensor) if keep else self._floats(tensor)
+            value = (self._quantized(tensor) if kept is not None and _is_linear(hf_name)
+                     else self._floats(tensor))
             if self.architecture == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = config.num_heads if "q_proj" in hf_name else config.num_kv_heads
                 value = _unpermute_rows(value, heads)
-            arrays[hf_name] = value
-        weights = map_weights(config, arrays, origin)
-        return weights, kept
+            arrays[hf_name], origin[hf_name] = value, f"{self.path} ({name})"
+        return map_weights(config, arrays, origin), kept
 
     def kept_format(self) -> QuantConfig | None:
         """The tinyinfer format the linear layers stay in: one that all of their blocks are in,

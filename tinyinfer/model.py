@@ -259,19 +259,21 @@ def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig |
     """
     floats = quantize == "none"
     wanted = None if floats else QuantConfig.parse(quantize) if isinstance(quantize, str) else quantize
-    weights, saved = gguf.weights(config) if gguf is not None else (None, read_quant_config(path))
+    saved = gguf.kept_format() if gguf is not None else read_quant_config(path)
+    if saved is not None and wanted is not None and wanted != saved:
+        raise TinyInferError(f"{path} is already quantized as {saved.name}: load it without "
+                             f"quantize=, or quantize the original checkpoint as {wanted.name}")
+    if gguf is not None:
+        weights = gguf.weights(config)
+    elif saved is not None:
+        weights, _ = load_quantized(path, config)
+    else:
+        weights = load_weights(path, config, lazy=lazy and wanted is None)
     if saved is not None:  # a quantized checkpoint: kept as saved, or dequantized if asked
-        if wanted is not None and wanted != saved:
-            raise TinyInferError(f"{path} is already quantized as {saved.name}: load it without "
-                                 f"quantize=, or quantize the original checkpoint as {wanted.name}")
-        if weights is None:
-            weights, _ = load_quantized(path, config)
         if floats:
             return {name: dequantize(value) if isinstance(value, QuantizedWeight) else value
                     for name, value in weights.items()}, None, None
         return weights, saved, None
-    if weights is None:
-        weights = load_weights(path, config, lazy=lazy and wanted is None)
     if wanted is None:
         return weights, None, None  # type: ignore[return-value]
     quantized = quantize_weights(weights, wanted)

@@ -229,10 +229,8 @@ class GGUFCheckpoint:
 
     # ------------------------------------------------------------ weights
 
-    def weights(self, config: ModelConfig) -> tuple[dict[str, WeightArray | QuantizedWeight],
-                                                      QuantConfig | None]:
-        """Runner weights by tinyinfer name, and the format the linear layers stayed in (None
-        where they are floats, or dequantized because one format could not hold them all)."""
+    def weights(self, config: ModelConfig) -> dict[str, WeightArray | QuantizedWeight]:
+        """Runner weights by tinyinfer name; the linear layers in `kept_format` where it is one."""
         kept = self.kept_format()
         arrays: dict[str, WeightArray | QuantizedWeight] = {}
         origin: dict[str, str] = {}
@@ -246,7 +244,7 @@ class GGUFCheckpoint:
                 heads = config.num_heads if "q_proj" in hf_name else config.num_kv_heads
                 value = _unpermute_rows(value, heads)
             arrays[hf_name], origin[hf_name] = value, f"{self.path} ({name})"
-        return map_weights(config, arrays, origin), kept
+        return map_weights(config, arrays, origin)
 
     def kept_format(self) -> QuantConfig | None:
         """The tinyinfer format the linear layers stay in: one that all of their blocks are in,

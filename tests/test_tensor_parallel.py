@@ -271,6 +271,13 @@ def test_ranks_must_divide_heads(world, what):
         tinyinfer.load("bundled", runner="torch", tensor_parallel=world, device="cpu")
 
 
+@pytest.mark.parametrize("world", [3, 4])
+def test_a_refused_split_offers_only_sizes_the_model_takes(world):
+    # the bundled model: 4 heads, 2 KV heads; 4 ranks would split the heads but not the KV heads
+    with pytest.raises(TinyInferError, match=r"this model splits over 1 or 2 ranks$"):
+        tinyinfer.load("bundled", runner="torch", tensor_parallel=world, device="cpu")
+
+
 def test_more_ranks_than_gpus_is_refused():
     config = load_config(BUNDLED["bundled"])
     check_tensor_parallel(config, 2, "cuda", 2)

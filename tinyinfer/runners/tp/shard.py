@@ -54,19 +54,24 @@ def check_tensor_parallel(config: ModelConfig, world: int, device_type: str, gpu
     """Raise TinyInferError unless ``world`` ranks can split this model on this machine."""
     if not isinstance(world, int) or world < 1:
         raise TinyInferError(f"tensor_parallel must be a positive integer, got {world}")
-    for what, count in (("attention heads", config.num_heads),
-                        ("KV heads", config.num_kv_heads),
-                        ("MLP intermediate size", config.intermediate_size)):
+    shares = (("attention heads", config.num_heads), ("KV heads", config.num_kv_heads),
+              ("MLP intermediate size", config.intermediate_size))
+    for what, count in shares:
         if count % world:
-            divisors = [n for n in range(1, count + 1) if count % n == 0]
+            fits = [n for n in range(1, config.num_kv_heads + 1)
+                    if all(c % n == 0 for _, c in shares)]
             raise TinyInferError(
-                f"tensor_parallel={world} does not divide the model's {count} {what}: "
-                f"each rank must own a whole share; use one of {divisors} that also divides "
-                f"{config.num_heads} heads and {config.num_kv_heads} KV heads")
+                f"tensor_parallel={world} does not divide the model's {count} {what}: each rank "
+                f"must own a whole share; this model splits over {_either(fits)} ranks")
     if device_type == "cuda" and world > gpu_count:
         raise TinyInferError(
             f"tensor_parallel={world} needs {world} GPUs (one per rank) but this machine has "
             f"{gpu_count}: lower tensor_parallel to at most {gpu_count}")
+
+
+def _either(sizes: list[int]) -> str:
+    """'1, 2 or 4'."""
+    return ", ".join(map(str, sizes[:-1])) + f" or {sizes[-1]}" if len(sizes) > 1 else str(sizes[0])
 
 
 def shard_config(config: ModelConfig, world: int) -> ModelConfig:

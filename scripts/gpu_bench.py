@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from tinyinfer.bench import shapes as bs
+from tinyinfer.bench.measure import measure_copy_bandwidth
 from tinyinfer.bench import workloads as bench
 from tinyinfer.model import load
 from tinyinfer.speculative import DraftModelDrafter, PromptLookupDrafter
@@ -31,7 +32,7 @@ SECTIONS = ("latency", "throughput", "batching", "speculative")
 
 
 def latency(results: dict) -> None:
-    bandwidth = bs.copy_bandwidth("cuda")
+    bandwidth = measure_copy_bandwidth("cuda")
     results["copy_bandwidth_bytes_per_s"] = bandwidth
     rows = []
     for name in ("gpt2", "qwen2.5-0.5b", "llama-3.2-1b", "llama-3-8b"):

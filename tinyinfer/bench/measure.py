@@ -50,13 +50,31 @@ def median_seconds(fn: Callable[[], object], device: str, repeats: int = 5) -> f
     return statistics.median(times)
 
 
-def measure_copy_bandwidth(device: str, nbytes: int, repeats: int = 5) -> float:
-    """Bytes/s of a device-to-device copy, counting the read and the write."""
+COPY_BYTES = {"cuda": 2 << 30, "cpu": 1 << 30}  # far beyond every cache (docs/benchmarks.md)
+
+
+def measure_copy_bandwidth(device: str, nbytes: int | None = None, repeats: int = 5) -> float:
+    """Bytes/s of a device-to-device copy, counting the read and the write: the roofline's
+    denominator. On a GPU each copy is timed with CUDA events (no host round trip in the
+    interval), the median of ``repeats`` after a warm-up; on the CPU with the host clock."""
     import torch
 
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    src = torch.empty((nbytes or COPY_BYTES[kind]) // 4, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
-    seconds = median_seconds(lambda: dst.copy_(src), device, repeats)
+    if kind == "cpu":
+        seconds = median_seconds(lambda: dst.copy_(src), device, repeats)
+    else:
+        dst.copy_(src)
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        seconds = statistics.median(times)
     return 2 * src.numel() * 4 / seconds
 
 

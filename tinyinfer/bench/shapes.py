@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from tinyinfer.bench.measure import measure_copy_bandwidth
 from tinyinfer.bench.workloads import Request
 from tinyinfer.config import ModelConfig
 from tinyinfer.display import progress
@@ -141,23 +142,6 @@ def folder_models(source: str, runner: str, device: str | None, dtype: str | Non
     return model, peer
 
 
-def copy_bandwidth(device: str) -> float:
-    """Bytes/s of a large device-to-device copy (read + write), the roofline's denominator."""
-    import torch
-
-    n = 1 << 28 if device.startswith("cuda") else 1 << 30  # on the CPU: far beyond every cache
-    src = torch.randn(n // 4, device=device)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(10):
-        _sync(device)
-        t = time.perf_counter()
-        dst.copy_(src)
-        _sync(device)
-        times.append(time.perf_counter() - t)
-    return 2 * n / statistics.median(times[2:])
-
-
 def _sync(device: str) -> None:
     import torch
 
@@ -197,7 +181,7 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
     KV heads, over one device's bandwidth (every rank streams its own shard at once).
     """
     info = model.runner.info
-    bandwidth = bandwidth or copy_bandwidth(info.device)
+    bandwidth = bandwidth or measure_copy_bandwidth(info.device)
     ranks = info.tensor_parallel
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True)
@@ -306,9 +290,21 @@ class ThroughputResult:
 
 def bench_throughput(model: Model, workload: list[Request], max_num_seqs: int = 256,
                      max_num_batched_tokens: int = 8192, kv_fraction: float = 0.5) -> ThroughputResult:
-    """All requests at once through continuous batching; greedy, EOS ignored."""
-    engine = Engine(model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                    num_pages=_pages_for(model, workload, max_num_seqs, kv_fraction), detail="none")
+    """All requests at once through continuous batching; greedy, EOS ignored. A warm-up run
+    first meets every decode batch size the run will (each compiles or captures a CUDA graph
+    once): one-off work is not the engine's throughput."""
+    pages = _pages_for(model, workload, max_num_seqs, kv_fraction)
+    options = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                   num_pages=pages, detail="none")
+    warm = Engine(model, **options)
+    for i, r in enumerate(workload):  # short prompts, one more token each: batches shrink by one
+        warm.add_request(list(r.prompt_ids[:16]), SamplingParams(temperature=0, max_tokens=1 + i % max_num_seqs,
+                                                                  ignore_eos=True))
+    with progress.task("throughput: warm-up steps") as advance:
+        while warm.has_unfinished():
+            warm.step()
+            advance()
+    engine = Engine(model, **options)
     start = time.perf_counter()
     ids = [engine.add_request(list(r.prompt_ids),
                               SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True))

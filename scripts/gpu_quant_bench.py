@@ -1,16 +1,18 @@
-"""Batch-1 decode speed of weight-only int8 / int4 against bf16 on a CUDA GPU (issue 7).
+"""Decode speed of weight-only int8 / int4 against bf16 on a CUDA GPU, through the runner.
 
     PYTHONPATH=. python scripts/gpu_quant_bench.py               # JSON to $OUT/gpu_quant_bench.json
     PYTHONPATH=. python scripts/gpu_quant_bench.py --smoke       # tiny shapes, any device: a dry run
 
-(a) correctness: on a small random model, the torch runner's quantized logits (bf16, the
-    int8 / int4 kernels) against the float64 NumPy reference holding the same quantized weights.
-(b) speed: batch-1 decode of the llama-3-8b and llama-3.2-1b shapes in bf16, int4-g128 and
-    int8, through the runner's defaults on CUDA (torch.compile + CUDA graphs). Linear weights
-    are random codes with random scales (one draw per matrix shape, stored once per layer):
-    speed does not depend on the values. The roofline is the bytes one decode step must read
-    (weights streamed + KV) over the device-to-device copy bandwidth measured in this run.
-(c) the batch-1 matrix products of the 8B shape in each format, one layer after another.
+(a) correctness: on a small random model, the torch runner's quantized logits in bf16 (each
+    product kernel) against the float64 NumPy reference holding the same quantized weights.
+(b) speed: batch-1 decode of the llama-3-8b and llama-3.2-1b shapes in bf16, and in int4-g128
+    and int8 through each product kernel ("triton": tinyinfer's kernels; "torch": torch's int4
+    kernel, and the compiled dequantize-then-multiply for int8), with the runner's CUDA defaults
+    (torch.compile + CUDA graphs); then the graph replay of a 16-sequence decode step. Linear
+    weights are random codes with random scales (one draw per matrix shape, stored once per
+    layer): speed does not depend on the values. The roofline is the bytes one decode step must
+    read (weights streamed + KV) over the device-to-device copy bandwidth measured in this run.
+(c) the batch-1 matrix products of the 8B shape with each kind of weight, one layer after another.
 """
 
 from __future__ import annotations
@@ -47,20 +49,26 @@ from gpu_check import (  # noqa: E402
     run_schedule,
 )
 
+from tinyinfer.bench.shapes import random_quantized  # noqa: E402
 from tinyinfer.config import ModelConfig, config_from_dict  # noqa: E402
-from tinyinfer.quant import (  # noqa: E402
-    QuantConfig,
-    QuantizedWeight,
-    is_quantized_name,
-    quantize_weights,
-)
+from tinyinfer.quant import QuantConfig, QuantizedWeight, is_quantized_name, quantize_weights  # noqa: E402
 from tinyinfer.runners import torch_layers as layers  # noqa: E402
 from tinyinfer.runners.numpy_ref import NumpyRunner  # noqa: E402
 from tinyinfer.runners.runner import make_batch  # noqa: E402
 from tinyinfer.runners.torch_fast import TorchRunner  # noqa: E402
 from tinyinfer.runners.torch_weights import random_weights  # noqa: E402
 
-FORMATS = ("bf16", "int4-g128", "int8")
+VARIANTS = ("bf16", "int4-g128@torch", "int4-g128@triton", "int8@torch", "int8@triton")
+
+
+CHECK_VARIANTS = ("int8@torch", "int8@triton", "int4-g128@torch", "int4-g128@triton",
+                  "int4-g32-asym@triton", "int4-g32-min@triton", "int8-g32@triton")
+
+
+def split_variant(variant: str) -> tuple[str, str]:
+    """'int4-g128@triton' -> ('int4-g128', 'triton'); bf16 has no product kernel to pick."""
+    fmt, _, kernel = variant.partition("@")
+    return fmt, kernel or "torch"
 
 
 def check_quantized_logits(device: torch.device, formats: tuple[str, ...]) -> dict[str, Any]:
@@ -69,30 +77,20 @@ def check_quantized_logits(device: torch.device, formats: tuple[str, ...]) -> di
     steps = check_schedule(config.vocab_size, seed=3)
     floats = numpy_weights(config, seed=4)
     out = {}
-    for fmt in formats:
+    for variant in formats:
+        fmt, kernel = split_variant(variant)
         weights = quantize_weights(floats, QuantConfig.parse(fmt))
         ref = run_schedule(NumpyRunner(config, weights, dtype="float64"), steps)
-        runner = TorchRunner(config, weights, device=str(device), dtype="bfloat16", compile=False,
-                             cuda_graphs=False)
-        kinds = sorted({type(layer.qkv[0]).__name__ for layer in runner.w.layers})
-        ours = run_schedule(runner, steps)
-        error = max(relative_error(a, b) for a, b in zip(ours, ref))
-        out[fmt] = {"relative_error": error, "weight_kinds": kinds, "ok": error < 3e-2}
-        log(f"check {fmt}: bf16 vs float64 reference, relative error {error:.2e} ({', '.join(kinds)})")
+        for compiled in (False, True):  # eager, then torch.compile + CUDA graphs
+            runner = TorchRunner(config, weights, device=str(device), dtype="bfloat16", compile=compiled,
+                                 cuda_graphs=compiled and device.type == "cuda", quant_kernel=kernel)
+            kinds = sorted({type(layer.qkv[0]).__name__ for layer in runner.w.layers})
+            ours = run_schedule(runner, steps)
+            error = max(relative_error(a, b) for a, b in zip(ours, ref))
+            key = f"{variant}{' compiled + graphs' if compiled else ''}"
+            out[key] = {"relative_error": error, "weight_kinds": kinds, "ok": error < 3e-2}
+            log(f"check {key}: bf16 vs float64 reference, relative error {error:.2e} ({', '.join(kinds)})")
     return out
-
-
-def random_quantized(shape: tuple[int, int], qconfig: QuantConfig, rng: np.random.Generator) -> QuantizedWeight:
-    """A weight of this shape and format with random codes and scales near a trained model's."""
-    out, n = shape
-    groups = math.ceil(n / (qconfig.group_size or n))
-    if qconfig.bits == 8:
-        data = rng.integers(-127, 128, (out, n), dtype=np.int8)
-    else:
-        data = rng.integers(0, 256, (out, math.ceil(n / 2)), dtype=np.uint8)
-    scales = rng.uniform(0.5, 1.5, (out, groups)).astype(np.float16) * np.float16(0.02 / 64)
-    zeros = None if qconfig.symmetric else rng.integers(0, 256, (out, math.ceil(groups / 2)), dtype=np.uint8)
-    return QuantizedWeight(data, scales, zeros, n, qconfig)
 
 
 def bench_weights(config: ModelConfig, fmt: str, device: torch.device) -> dict[str, Any]:
@@ -109,18 +107,21 @@ def bench_weights(config: ModelConfig, fmt: str, device: torch.device) -> dict[s
     return weights
 
 
-def decode_speed(name: str, raw: dict[str, Any], fmt: str, bandwidth: float, device: torch.device,
+def decode_speed(name: str, raw: dict[str, Any], variant: str, bandwidth: float, device: torch.device,
                  prompt_len: int, decode_steps: int) -> tuple[dict[str, Any], TorchRunner]:
-    """Batch-1 greedy decode after a prompt: engine-facing forward and CUDA-graph replay."""
+    """Batch-1 greedy decode after a prompt: engine-facing forward and CUDA-graph replay; then
+    the graph replay of a 16-sequence decode step."""
     torch._dynamo.reset()  # compile each model fresh: no recompiles, no dynamic shapes
     config = config_from_dict(raw)
+    fmt, kernel = split_variant(variant)
     t0 = time.perf_counter()
-    runner = TorchRunner(config, bench_weights(config, fmt, device), device=str(device), dtype="bfloat16")
+    runner = TorchRunner(config, bench_weights(config, fmt, device), device=str(device), dtype="bfloat16",
+                         quant_kernel=kernel)
     build_s = time.perf_counter() - t0
     weight_bytes = runner.w.streamed_bytes()
     kv_token_bytes = config.kv_bytes_per_token(2)
     table = list(range(math.ceil((prompt_len + decode_steps + 64) / BLOCK)))
-    kv = runner.new_kv_cache(len(table), BLOCK)
+    kv = runner.new_kv_cache(17 * len(table), BLOCK)  # the batch-16 step's sequences take the rest
     prompt = np.random.default_rng(1).integers(0, config.vocab_size, prompt_len).tolist()
     logits = runner.forward(make_batch([(prompt, 0, table, False)], BLOCK), kv)
     position = prompt_len
@@ -139,21 +140,31 @@ def decode_speed(name: str, raw: dict[str, Any], fmt: str, bandwidth: float, dev
     warmup_s = time.perf_counter() - t0
     forward_ms = statistics.median(decode_once() for _ in range(decode_steps))
     context = position - decode_steps // 2
-    replay_ms = float("nan")
+    replay_ms = batch16_ms = float("nan")
     if kv.graphs is not None and 1 in kv.graphs.graphs:
         replay_ms = median_ms(kv.graphs.graphs[1][0].replay, 100, device)
+        # 16 sequences at the same context, each on its own pages (their K/V are left as the
+        # cache holds them: the step's cost does not depend on the values)
+        tables = [[p + (s + 1) * len(table) for p in table] for s in range(16)]
+        batch16 = make_batch([([1], position, t, False) for t in tables], BLOCK)
+        for _ in range(2):
+            runner.forward(batch16, kv)
+        if 16 in kv.graphs.graphs:
+            batch16_ms = median_ms(kv.graphs.graphs[16][0].replay, 50, device)
 
     def roofline(ms: float, ctx: int) -> dict[str, float]:
         floor_ms = (weight_bytes + ctx * kv_token_bytes) / (bandwidth * 1e9) * 1e3
         return {"ms_per_token": ms, "tokens_per_s": 1e3 / ms, "context": ctx, "roofline_ms": floor_ms,
                 "roofline_tokens_per_s": 1e3 / floor_ms, "percent_of_roofline": 100 * floor_ms / ms}
 
-    result = {"model": name, "format": fmt, "runner": runner.describe(), "streamed_weight_bytes": weight_bytes,
+    result = {"model": name, "format": variant, "runner": runner.describe(), "streamed_weight_bytes": weight_bytes,
               "build_s": build_s, "warmup_s": warmup_s, "forward_call": roofline(forward_ms, context),
-              "graph_replay": roofline(replay_ms, position - 1)}
-    log(f"{name} {fmt}: {1e3 / forward_ms:.1f} tok/s per forward call, {1e3 / replay_ms:.1f} tok/s "
+              "graph_replay": roofline(replay_ms, position - 1),
+              "batch16_graph_replay": {"ms_per_step": batch16_ms, "tokens_per_s": 16e3 / batch16_ms}}
+    log(f"{name} {variant}: {1e3 / forward_ms:.1f} tok/s per forward call, {1e3 / replay_ms:.1f} tok/s "
         f"graph replay, {result['graph_replay']['percent_of_roofline']:.0f}% of roofline "
-        f"({weight_bytes / 1e9:.2f} GB streamed; build {build_s:.0f} s, warm-up {warmup_s:.0f} s)")
+        f"({weight_bytes / 1e9:.2f} GB streamed; build {build_s:.0f} s, warm-up {warmup_s:.0f} s); "
+        f"batch 16: {16e3 / batch16_ms:.0f} tok/s")
     return result, runner
 
 
@@ -198,6 +209,11 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=300.0,
                         help="start no new model after this many seconds (default: 300)")
     parser.add_argument("--out", default=None, help="JSON path (default: $OUT/gpu_quant_bench.json)")
+    parser.add_argument("--shapes", nargs="+", default=["llama-3-8b", "llama-3.2-1b"], choices=list(BENCH_CONFIGS))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
+                        help="formats, each optionally @triton or @torch (default: %(default)s)")
+    parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    parser.add_argument("--no-matmul", action="store_true", help="skip the per-matrix timings (c)")
     args = parser.parse_args()
     start = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -205,11 +221,13 @@ def main() -> int:
     report: dict[str, Any] = {"environment": environment(device)}
     report["bandwidth_GBps"] = copy_bandwidth(device, 2**28 if args.smoke else 2**31)
     log(f"device-to-device copy: {report['bandwidth_GBps']:.0f} GB/s (read + write)")
-    report["check"] = check_quantized_logits(device, ("int8", "int4-g128", "int4-g32-asym"))
-    configs = SMOKE_BENCH if args.smoke else {k: BENCH_CONFIGS[k] for k in ("llama-3-8b", "llama-3.2-1b")}
+    if not args.no_check:
+        report["check"] = check_quantized_logits(device, CHECK_VARIANTS if device.type == "cuda"
+                                                 else ("int8", "int4-g128", "int4-g32-asym"))
+    configs = SMOKE_BENCH if args.smoke else {k: BENCH_CONFIGS[k] for k in args.shapes}
     report["decode"], report["matmul"] = [], {}
     for name, raw in configs.items():
-        for fmt in FORMATS:
+        for fmt in args.variants:
             if time.perf_counter() - start > args.budget_s:
                 log(f"skipped {name} {fmt}: past the {args.budget_s:.0f} s budget")
                 continue
@@ -217,7 +235,7 @@ def main() -> int:
                 result, runner = decode_speed(name, raw, fmt, report["bandwidth_GBps"], device,
                                               prompt_len=128, decode_steps=10 if args.smoke else 40)
                 report["decode"].append(result)
-                if name == next(iter(configs)) and device.type == "cuda":
+                if name == next(iter(configs)) and device.type == "cuda" and not args.no_matmul:
                     report["matmul"][fmt] = matmul_microbench(runner, fmt, device)
                 del runner
             except Exception as exc:  # noqa: BLE001 - recorded in the report and the log
@@ -236,19 +254,20 @@ def print_summary(report: dict[str, Any]) -> None:
     """The decode table, with each format's speed-up over bf16 on the same shape."""
     env = report["environment"]
     print(f"\n{env.get('card', env['device'])}, torch {env['torch']}, copy {report['bandwidth_GBps']:.0f} GB/s")
-    for fmt, check in report["check"].items():
+    for fmt, check in report.get("check", {}).items():
         print(f"check {fmt}: relative error {check['relative_error']:.2e} {'ok' if check['ok'] else 'FAILED'}")
     for error in report.get("errors", []):
         print(f"error: {error}")
-    print(f"{'model':<14} {'format':<10} {'tok/s fwd':>9} {'tok/s graph':>11} {'roofline':>9} "
-          f"{'% roof':>7} {'vs bf16':>8} {'GB/step':>8}")
-    bf16 = {r["model"]: r["forward_call"]["tokens_per_s"] for r in report["decode"] if r["format"] == "bf16"}
+    print(f"{'model':<14} {'format':<18} {'tok/s fwd':>9} {'tok/s graph':>11} {'roofline':>9} "
+          f"{'% roof':>7} {'vs bf16':>8} {'GB/step':>8} {'B=16 tok/s':>10}")
+    bf16 = {r["model"]: r["graph_replay"]["tokens_per_s"] for r in report["decode"] if r["format"] == "bf16"}
     for r in report["decode"]:
         fwd, graph = r["forward_call"], r["graph_replay"]
-        speedup = fwd["tokens_per_s"] / bf16[r["model"]] if r["model"] in bf16 else float("nan")
-        print(f"{r['model']:<14} {r['format']:<10} {fwd['tokens_per_s']:>9.1f} {graph['tokens_per_s']:>11.1f} "
+        speedup = graph["tokens_per_s"] / bf16[r["model"]] if r["model"] in bf16 else float("nan")
+        print(f"{r['model']:<14} {r['format']:<18} {fwd['tokens_per_s']:>9.1f} {graph['tokens_per_s']:>11.1f} "
               f"{graph['roofline_tokens_per_s']:>9.1f} {graph['percent_of_roofline']:>6.0f}% "
-              f"{speedup:>7.2f}x {r['streamed_weight_bytes'] / 1e9:>8.2f}")
+              f"{speedup:>7.2f}x {r['streamed_weight_bytes'] / 1e9:>8.2f} "
+              f"{r['batch16_graph_replay']['tokens_per_s']:>10.0f}")
 
 
 if __name__ == "__main__":

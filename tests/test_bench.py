@@ -97,3 +97,46 @@ def test_throughput_on_the_bundled_model_runs_without_flags_beyond_a_small_workl
     record, = json.loads(out.read_text())
     assert record["requests"] == 1 and record["output_tokens"] > 0
     assert set(record["threads"]) == {"blas", "torch"}
+
+
+def test_latency_of_a_folder_quantized_as_it_loads_names_its_format(oracle_model):
+    folder, _ = oracle_model("llama-gqa-untied")
+    model, peer = bs.folder_models(str(folder), "numpy", None, None, with_peer=False, quantize="int4-g32")
+    assert peer is None and model.quantization.name == "int4-g32"
+    result = bs.bench_latency(model, prompt_tokens=8, decode_tokens=4, repeats=1)
+    assert result.weights == "int4-g32"
+    header, _, row = table_cells(bs.latency_table([result]))
+    assert row[header.index("weights")] == "int4-g32"
+    float_model, _ = bs.folder_models(str(folder), "numpy", None, None, with_peer=False)
+    assert bs.weights_name(float_model) == "float32"
+
+
+def test_a_preset_quantized_for_the_bench_holds_codes_of_its_format():
+    import torch
+
+    from tinyinfer.runners import torch_layers as layers
+
+    model, _ = bs.shape_models("gpt2", "cpu", "float32", max_len=64, quantize="int8")
+    assert model.quantization.name == "int8"
+    weights = model.runner.w.layers
+    assert all(isinstance(layer.mlp_in[0], layers.Int8Weight) for layer in weights)
+    assert weights[0].qkv[0].codes.data_ptr() != weights[1].qkv[0].codes.data_ptr()  # a copy per layer
+    assert isinstance(model.runner.w.head, torch.Tensor)  # the head stays float
+    result = bs.bench_throughput(model, bs.offline_workload(2, model.config.vocab_size, 4, 8, seed=0))
+    assert result.weights == "int8" and result.output_tokens > 0
+
+
+def test_quantize_with_a_transformers_peer_is_refused_in_one_line():
+    done = cli("bench", "latency", "--preset", "gpt2", "--device", "cpu", "--quantize", "int8",
+               "--peer", "transformers")
+    assert done.returncode == 2
+    assert done.stderr == ("tinyinfer: error: --peer transformers runs float weights: measure it in a "
+                           "run without --quantize\n")
+
+
+def test_quantize_with_tensor_parallel_presets_is_refused_in_one_line():
+    done = cli("bench", "latency", "--preset", "gpt2", "--device", "cpu", "--quantize", "int8",
+               "--tensor-parallel", "2")
+    assert done.returncode == 2
+    assert done.stderr == ("tinyinfer: error: tensor parallelism shards float weights: drop --quantize "
+                           "or --tensor-parallel\n")

@@ -8,11 +8,16 @@ can be handed to Hugging Face ``transformers`` for a side-by-side peer in the sa
   decode roofline is bytes read per step (weights + KV) over the measured copy bandwidth.
 * throughput: many requests at once (nano-vllm's offline workload: prompt and output
   lengths uniform in 100..1024), output tokens per second of wall-clock time.
+
+Both take quantized weights: a folder quantized as it loads (or saved quantized), or a preset
+whose linear layers are drawn as random codes and scales of the format (``random_quantized``).
+Each row names the weights it ran: the format, or the float dtype.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -30,6 +35,7 @@ from tinyinfer.engine import Engine
 from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import TinyInferError
 from tinyinfer.model import Model, load
+from tinyinfer.quant import QuantConfig, QuantizedWeight, is_quantized_name
 from tinyinfer.weights.gguf_file import is_gguf
 from tinyinfer.sampling import SamplingParams
 from tinyinfer.simulate.presets import MODEL_CONFIGS
@@ -60,9 +66,32 @@ def hf_model_for(raw: dict[str, Any], device: str, dtype: Any) -> Any:
     return model.eval()
 
 
+def random_quantized(shape: tuple[int, int], qconfig: QuantConfig, rng: np.random.Generator) -> QuantizedWeight:
+    """A weight of this shape and format with random codes, and scales (zero points, minimums)
+    that give weights of about a trained model's spread (std ~0.02)."""
+    out, n = shape
+    groups = math.ceil(n / (qconfig.group_size or n))
+    if qconfig.bits == 8:
+        data = rng.integers(-127, 128, (out, n), dtype=np.int8)
+    else:
+        data = rng.integers(0, 256, (out, math.ceil(n / 2)), dtype=np.uint8)
+    steps = 2 ** qconfig.bits / 2
+    scales = (rng.uniform(0.5, 1.5, (out, groups)) * 0.04 / steps).astype(np.float16)
+    zeros = mins = None
+    if qconfig.minimum:
+        mins = (-8.0 * scales.astype(np.float32)).astype(np.float16)
+    elif not qconfig.symmetric:
+        zeros = rng.integers(0, 256, (out, math.ceil(groups / 2)), dtype=np.uint8)
+    return QuantizedWeight(data, scales, zeros, n, qconfig, mins)
+
+
 def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
-                 with_peer: bool = False) -> tuple[Model, Any]:
-    """Our torch model of a preset shape, and (if asked) a transformers model with the same weights."""
+                 with_peer: bool = False, quantize: str | None = None) -> tuple[Model, Any]:
+    """Our torch model of a preset shape, and (if asked) a transformers model with the same weights.
+
+    ``quantize`` draws the linear layers as random codes of that format (one draw per matrix
+    shape, each layer its own copy on the device), the rest of the weights random floats.
+    """
     import torch
 
     from tinyinfer.runners.torch_fast import TorchRunner
@@ -80,8 +109,18 @@ def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
         weights = map_weights(config, state, {k: name for k in state})
     else:
         weights = random_weights(config, device, dtype)
+    qconfig = None
+    if quantize:
+        if with_peer:
+            raise TinyInferError("--peer transformers runs float weights: measure it in a run "
+                                 "without --quantize")
+        qconfig = QuantConfig.parse(quantize)
+        rng, drawn = np.random.default_rng(0), {}
+        for key in [k for k in weights if is_quantized_name(k)]:
+            shape = tuple(weights[key].shape)
+            weights[key] = drawn.setdefault(shape, random_quantized(shape, qconfig, rng))
     runner = TorchRunner(config, weights, device=device, dtype=dtype)
-    return Model(config=config, runner=runner, path=Path(name), name=name), peer
+    return Model(config=config, runner=runner, path=Path(name), name=name, quantization=qconfig), peer
 
 
 def shape_tensor_parallel(name: str, tensor_parallel: int, device: str, dtype: str,
@@ -126,8 +165,11 @@ def require_transformers() -> None:
 
 def folder_models(source: str, runner: str, device: str | None, dtype: str | None,
                   with_peer: bool, quantize: str | None = None) -> tuple[Model, Any]:
-    """A checkpoint (folder, GGUF file or name) for our runner, quantized as asked, and
-    transformers on the same files."""
+    """A checkpoint (folder, GGUF file or name) for our runner, quantized as it loads if asked
+    (``none``: a quantized file's weights as floats), and transformers on the same files."""
+    if quantize not in (None, "none") and with_peer:
+        raise TinyInferError("--peer transformers runs float weights: measure it in a run "
+                             "without --quantize (or with --quantize none)")
     model = load(source, runner=runner, device=device, dtype=dtype, quantize=quantize)
     peer = None
     if with_peer:
@@ -147,6 +189,11 @@ def _sync(device: str) -> None:
 
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def weights_name(model: Model) -> str:
+    """What the weights are: the quantization format, or the float dtype the runner computes in."""
+    return model.quantization.name if model.quantization is not None else model.runner.info.dtype
 
 
 def weight_bytes(model: Model) -> int:
@@ -171,6 +218,7 @@ class LatencyResult:
     all_reduce_ms: float = 0.0  # per decode step, mean over ranks (inside the step's time)
     rank_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # median per decode step of
     # each rank's timings ("rank1_forward", "rank1_all_reduce", ...)
+    weights: str = ""  # the weights' format (int8, int4-g128, ...) or float dtype
 
 
 def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 128,
@@ -217,6 +265,7 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
         all_reduce_ms=1e3 * statistics.median(
             sum(t.get(f"rank{r}_all_reduce", 0.0) for r in range(ranks)) / ranks for t in ranked),
         rank_ms={key: 1e3 * statistics.median(t[key] for t in ranked) for key in sorted(ranked[0])},
+        weights=weights_name(model),
     )
 
 
@@ -251,8 +300,12 @@ def peer_latency(peer: Any, vocab_size: int, prompt_tokens: int = 512, decode_to
         label="transformers generate", prompt_tokens=prompt_tokens, decode_tokens=decode_tokens,
         ttft_ms=1e3 * ttft, tpot_p50_ms=1e3 * tpot, tpot_p95_ms=None,
         decode_tokens_per_s=1 / tpot, bytes_per_step=0, bandwidth=0.0, roofline_pct=None,
-        peak_memory=_peak_memory(device),
+        peak_memory=_peak_memory(device), weights=_peer_dtype(peer),
     )
+
+
+def _peer_dtype(peer: Any) -> str:
+    return str(next(peer.parameters()).dtype).removeprefix("torch.")
 
 
 def _peak_memory(device: str) -> int:
@@ -286,6 +339,7 @@ class ThroughputResult:
     output_tokens: int
     seconds: float
     tokens_per_second: float
+    weights: str = ""  # the weights' format (int8, int4-g128, ...) or float dtype
 
 
 def bench_throughput(model: Model, workload: list[Request], max_num_seqs: int = 256,
@@ -315,7 +369,7 @@ def bench_throughput(model: Model, workload: list[Request], max_num_seqs: int = 
     seconds = time.perf_counter() - start
     tokens = sum(len(engine.release(i).token_ids) for i in ids)
     return ThroughputResult(f"{model.name} / {model.runner.name}", len(workload), tokens, seconds,
-                            tokens / seconds)
+                            tokens / seconds, weights_name(model))
 
 
 def _pages_for(model: Model, workload: list[Request], max_num_seqs: int, kv_fraction: float) -> int:
@@ -354,7 +408,8 @@ def peer_throughput(peer: Any, workload: list[Request], batch_size: int = 64) ->
         tokens += sum(r.max_tokens for r in group)  # only what each request asked for counts
     _sync(device)
     seconds = time.perf_counter() - start
-    return ThroughputResult("transformers generate", len(workload), tokens, seconds, tokens / seconds)
+    return ThroughputResult("transformers generate", len(workload), tokens, seconds, tokens / seconds,
+                            _peer_dtype(peer))
 
 
 def as_dict(result: Any) -> dict[str, Any]:
@@ -364,9 +419,9 @@ def as_dict(result: Any) -> dict[str, Any]:
 def latency_table(results: list[LatencyResult], thread_line: str = "") -> str:
     """One row per result; tensor-parallel rows add the ranks and the all-reduce time per step."""
     parallel = any(r.tensor_parallel > 1 for r in results)
-    headers = ["runner", "TTFT ms", "TPOT p50 ms", "p95 ms", "tok/s", "roofline %", "peak mem GB"]
+    headers = ["runner", "weights", "TTFT ms", "TPOT p50 ms", "p95 ms", "tok/s", "roofline %", "peak mem GB"]
     headers += ["TP", "all-reduce ms"] if parallel else []
-    rows = [[r.label, f"{r.ttft_ms:.1f}", f"{r.tpot_p50_ms:.2f}", _fixed(r.tpot_p95_ms, 2),
+    rows = [[r.label, r.weights, f"{r.ttft_ms:.1f}", f"{r.tpot_p50_ms:.2f}", _fixed(r.tpot_p95_ms, 2),
              f"{r.decode_tokens_per_s:.1f}", _fixed(r.roofline_pct, 1), f"{r.peak_memory / 1e9:.2f}"]
             + ([r.tensor_parallel, f"{r.all_reduce_ms:.2f}"] if parallel else []) for r in results]
     return _with_note(table(headers, rows), thread_line)
@@ -374,10 +429,10 @@ def latency_table(results: list[LatencyResult], thread_line: str = "") -> str:
 
 def throughput_table(results: list[ThroughputResult], thread_line: str = "") -> str:
     base = results[-1].tokens_per_second
-    rows = [[r.label, r.requests, r.output_tokens, f"{r.seconds:.1f}", f"{r.tokens_per_second:.1f}",
-             f"{r.tokens_per_second / base:.2f}x"] for r in results]
-    return _with_note(table(["runner", "requests", "out tokens", "seconds", "tok/s", "ratio"], rows),
-                      thread_line)
+    rows = [[r.label, r.weights, r.requests, r.output_tokens, f"{r.seconds:.1f}",
+             f"{r.tokens_per_second:.1f}", f"{r.tokens_per_second / base:.2f}x"] for r in results]
+    return _with_note(table(["runner", "weights", "requests", "out tokens", "seconds", "tok/s", "ratio"],
+                            rows), thread_line)
 
 
 def _fixed(value: float | None, digits: int) -> str | None:

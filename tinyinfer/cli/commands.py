@@ -138,22 +138,24 @@ def _bench_shapes(args: argparse.Namespace) -> int:
         raise TinyInferError("--peer llama.cpp measures batch-1 latency of a GGUF file: "
                              "bench latency --model FILE.gguf (or smollm2)")
     if args.preset:
-        if args.quantize:
-            raise TinyInferError("--preset builds random bf16/fp32 weights: --quantize does not apply to it")
         from tinyinfer.runners.torch_weights import pick_device, pick_dtype
 
         chosen = pick_device(args.device)  # checks a given device; else CUDA where present
         device = args.device or chosen.type
         dtype = args.dtype or str(pick_dtype(None, chosen.type == "cuda")).removeprefix("torch.")
         if args.tensor_parallel > 1:
+            if args.quantize:
+                raise TinyInferError("tensor parallelism shards float weights: drop --quantize or "
+                                     "--tensor-parallel")
             model, peer = bs.shape_tensor_parallel(args.preset, args.tensor_parallel, device, dtype), None
         else:
-            model, peer = bs.shape_models(args.preset, device, dtype, with_peer=with_peer)
+            model, peer = bs.shape_models(args.preset, device, dtype, with_peer=with_peer,
+                                          quantize=args.quantize)
     elif args.tensor_parallel > 1:
         model, peer = load_model(args), None
     else:
         model, peer = bs.folder_models(args.model, args.runner, args.device, args.dtype, with_peer,
-                                       args.quantize)
+                                       quantize=args.quantize)
     print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)
     if args.peer == "llama.cpp" and not is_gguf(model.path):
         raise TinyInferError(f"--peer llama.cpp runs GGUF files; {model.name} is a model folder")

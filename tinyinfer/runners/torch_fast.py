@@ -16,6 +16,7 @@ Same function as ``numpy_ref.NumpyRunner``, arranged for speed:
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from tinyinfer.runners.torch_graphs import DecodeGraphs
 from tinyinfer.runners.torch_weights import DeviceWeights, pick_device, pick_dtype
 
 DECODE_ATTENTION = ("auto", "triton", "torch")
+QUANT_KERNELS = ("auto", "triton", "torch")
 
 
 @dataclass
@@ -90,7 +92,8 @@ class TorchRunner:
     def __init__(self, config: ModelConfig, weights: Mapping[str, np.ndarray | Tensor],
                  device: str | None = None, dtype: str | None = None,
                  compile: bool | None = None, cuda_graphs: bool | None = None,
-                 decode_attention: str = "auto", max_graph_batch: int = 128):
+                 decode_attention: str = "auto", max_graph_batch: int = 128,
+                 quant_kernel: str = "auto"):
         self.config = config
         self.device = pick_device(device)
         on_cuda = self.device.type == "cuda"
@@ -106,7 +109,8 @@ class TorchRunner:
         self.decode_attention_kind = self._pick_decode_attention(decode_attention)
         kernel = _triton_decode_attention() if self.decode_attention_kind == "triton" else None
         self.decode_attention: Callable[..., Tensor] = kernel or layers.paged_decode_attention
-        self.w = DeviceWeights.load(config, weights, self.device, self.dtype)
+        self.quant_kernel = self._pick_quant_kernel(quant_kernel)
+        self.w = DeviceWeights.load(config, weights, self.device, self.dtype, quant_kernel=self.quant_kernel)
         rope = _rope_tables(config, self.device) if config.uses_rope else (None, None)
         self.cos, self.sin = rope
         self._eager = (layers.attention_input, layers.mlp_block, layers.final_logits)
@@ -138,14 +142,30 @@ class TorchRunner:
             return "torch"
         return "triton"
 
+    def _pick_quant_kernel(self, choice: str) -> str:
+        """Which kernels multiply by int8 / int4 weights: "triton" (tinyinfer's, every format),
+        "torch" (torch's int4 kernel where it takes the shape, else dequantize-then-multiply) or
+        "auto": the Triton kernels except for int4 where torch's kernel takes it — on CUDA cards
+        of compute capability 8.0 or later with Triton installed; elsewhere "torch"."""
+        if choice not in QUANT_KERNELS:
+            raise TinyInferError(f"quant_kernel must be one of {QUANT_KERNELS}, got {choice}")
+        usable = (self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) >= (8, 0)
+                  and _triton_installed())
+        if choice == "triton" and not usable:
+            raise TinyInferError("quant_kernel='triton' needs Triton and a CUDA card of compute "
+                                 "capability 8.0 or later: use quant_kernel='torch'")
+        return choice if usable else "torch"
+
     def describe(self) -> dict[str, Any]:
-        """What the runner chose: device, dtype, compile, CUDA graphs, decode attention."""
+        """What the runner chose: device, dtype, compile, CUDA graphs, decode attention, and the
+        quantized products' kernels."""
         return {
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "compile": self.compile,
             "cuda_graphs": self.cuda_graphs,
             "decode_attention": self.decode_attention_kind,
+            "quant_kernel": self.quant_kernel,
         }
 
     # ------------------------------------------------------------------ protocol
@@ -317,6 +337,10 @@ def _triton_decode_attention() -> Callable[..., Tensor] | None:
     except ImportError:
         return None
     return torch_triton.paged_decode_attention
+
+
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
 
 
 def _rope_tables(config: ModelConfig, device: torch.device) -> tuple[Tensor, Tensor]:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tinyinfer.quant import QuantizedWeight, group_offsets
+from tinyinfer.runners import quant_words
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,20 @@ class GroupWeight:
     in_features: int
 
 
-QuantWeight = Int8Weight | Int4Weight | GroupWeight
+@dataclass(frozen=True)
+class KernelWeight:
+    """Weight-only int8/int4 for the Triton kernels (``torch_quant_kernel``), any format:
+    weight = (code - zero) * scale + offset, each (row, group) with its scale and offset."""
+
+    words: Tensor  # int32 [out, in * bits / 32]: the stored codes read as little-endian words
+    scales: Tensor  # float16 [out, groups], as stored
+    offsets: Tensor | None  # float16 or float32 [out, groups] (asymmetric, minimum); None: zero
+    bits: int
+    group_size: int  # the row's width for per-row int8
+    zero: int  # 8 for symmetric int4 (nibbles hold code + 8), else 0
+
+
+QuantWeight = Int8Weight | Int4Weight | GroupWeight | KernelWeight
 
 
 def linear(x: Tensor, weight: Tensor | QuantWeight, bias: Tensor | None) -> Tensor:
@@ -63,7 +77,12 @@ def linear(x: Tensor, weight: Tensor | QuantWeight, bias: Tensor | None) -> Tens
 
 
 def quantized_matmul(x: Tensor, w: QuantWeight) -> Tensor:
-    """x W^T with W stored in int8 / int4: torch's weight-only kernels where they apply.  x: [T, in]."""
+    """x W^T with W stored in int8 / int4: the Triton kernels for a KernelWeight, else torch's
+    weight-only kernels where they apply.  x: [T, in]."""
+    if isinstance(w, KernelWeight):
+        xg, xsum = kernel_inputs(x, w.bits)
+        return torch.ops.tinyinfer.quant_matmul(xg, xsum, w.words, w.scales, w.offsets, w.bits,
+                                                w.group_size, w.zero, x.dtype)
     on_cpu = x.device.type == "cpu"
     if isinstance(w, Int8Weight):
         if on_cpu:
@@ -81,6 +100,17 @@ def quantized_matmul(x: Tensor, w: QuantWeight) -> Tensor:
     return F.linear(x, codes.to(scales.dtype) * scales + offsets)
 
 
+def kernel_inputs(x: Tensor, bits: int) -> tuple[Tensor, Tensor]:
+    """x as the Triton kernels read it, in float32: its columns regrouped by their place in a
+    32-bit word of codes, and per word the sum of the inputs its codes meet (the kernel folds
+    each group's offset in through them).  [T, in] -> [T, 32 / bits, in * bits / 32] with
+    out[t, j, i] = x[t, i * 32 / bits + j], and [T, in * bits / 32]. Inside a compiled function
+    this fuses into the kernel that made x."""
+    per = 32 // bits
+    words = x.float().reshape(x.shape[0], -1, per)  # [T, in / per, per]
+    return words.transpose(1, 2).contiguous(), words.sum(-1)
+
+
 def unpack_int4(packed: Tensor, n: int) -> Tensor:
     """Two codes per byte, even column low.  uint8 [out, ceil(n / 2)] -> uint8 [out, n]."""
     return torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten(-2)[:, :n]
@@ -95,12 +125,34 @@ def int4_kernel_fits(out: int, n: int, group_size: int, device: torch.device, dt
     return dtype == torch.bfloat16 and out % 8 == 0 and n % 32 == 0
 
 
-def device_weight(qw: QuantizedWeight, device: torch.device, dtype: torch.dtype) -> QuantWeight:
-    """Move a quantized weight to the device in the layout its matmul reads."""
+def kernel_weight(qw: QuantizedWeight, device: torch.device) -> KernelWeight:
+    """A quantized weight in the Triton kernels' layout (registers their operator on first use)."""
+    from tinyinfer.runners import torch_quant_kernel  # noqa: F401  (torch.ops.tinyinfer.quant_matmul)
+
+    def to_device(array: np.ndarray | None) -> Tensor | None:
+        return None if array is None else torch.from_numpy(np.require(array, requirements=["C", "W"])).to(device)
+
+    packed = quant_words.pack_words(qw)
+    return KernelWeight(to_device(packed.words), to_device(packed.scales), to_device(packed.offsets),
+                        packed.bits, packed.group_size, packed.zero)
+
+
+def device_weight(qw: QuantizedWeight, device: torch.device, dtype: torch.dtype,
+                  kernel: str = "torch") -> QuantWeight:
+    """Move a quantized weight to the device in the layout its matmul reads.
+
+    ``kernel``: "torch" (torch's kernels), "triton" (the Triton kernels wherever the shape
+    fits them) or "auto" (the Triton kernels, except int4 where torch's int4 kernel takes the
+    shape: at one row it is the faster of the two on an H100, docs/quantization.md).
+    """
     def to_device(array: np.ndarray) -> Tensor:
         return torch.from_numpy(np.require(array, requirements=["C", "W"])).to(device)
 
     out, n = qw.shape
+    if kernel != "torch" and quant_words.fits(qw):
+        torch_int4 = qw.config.bits == 4 and int4_kernel_fits(out, n, qw.group_size, device, dtype)
+        if kernel == "triton" or not torch_int4:
+            return kernel_weight(qw, device)
     scales = to_device(qw.scales).float()  # [out, groups]
     if qw.config.bits == 8 and qw.config.group_size is None:
         return Int8Weight(to_device(qw.data), scales[:, 0].to(dtype))

@@ -50,10 +50,11 @@ class DeviceWeights:
 
     @classmethod
     def load(cls, config: ModelConfig, weights: Mapping[str, np.ndarray | Tensor | QuantizedWeight],
-             device: torch.device, dtype: torch.dtype) -> DeviceWeights:
+             device: torch.device, dtype: torch.dtype, quant_kernel: str = "torch") -> DeviceWeights:
         """Move named weights (the reference's names) to the device, fusing q|k|v and gate|up.
 
-        Quantized linear weights stay int8 / int4, in the layout of their matmul kernel.
+        Quantized linear weights stay int8 / int4, in the layout of the matmul kernel
+        ``quant_kernel`` picks ("torch", "triton" or "auto": ``torch_layers.device_weight``).
         """
 
         def get(name: str) -> Tensor | None:
@@ -73,7 +74,8 @@ class DeviceWeights:
         def linear_weight(prefix: str, names: tuple[str, ...]) -> Tensor | QuantWeight:
             parts = [weights.get(f"{prefix}{n}.weight") for n in names]
             if all(isinstance(p, QuantizedWeight) for p in parts):
-                return device_weight(concat_out(parts), device, dtype)  # type: ignore[arg-type]
+                return device_weight(concat_out(parts), device, dtype,  # type: ignore[arg-type]
+                                     kernel=quant_kernel)
             return torch.cat([need(f"{prefix}{n}.weight") for n in names])
 
         def need(name: str) -> Tensor:

@@ -1,0 +1,220 @@
+"""The Triton int8 / int4 product kernels: their arithmetic pinned to the reference's dequantize.
+
+Three levels: the kernels' layout and arithmetic in NumPy (``quant_words``, any machine); the
+kernels themselves under Triton's CPU interpreter (where Triton is installed); and on a CUDA
+GPU, the compiled kernels and the torch runner using them (marked ``gpu``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tinyinfer.errors import TinyInferError
+from tinyinfer.quant import QuantConfig, dequantize, quantize, stored_codes
+from tinyinfer.runners import quant_words
+from tinyinfer.runners import torch_layers as layers
+
+REPO = Path(__file__).resolve().parents[1]
+FORMATS = ["int8", "int8-g32", "int8-g64", "int8-g128", "int4-g32", "int4-g64", "int4-g128",
+           "int4-g32-asym", "int4-g64-asym", "int4-g128-asym", "int4-g32-min", "int4-g128-min"]
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU (scripts/gpu_quant_kernels.py runs the same checks there)")
+
+
+def weight(fmt: str, shape: tuple[int, int], seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return quantize((rng.standard_normal(shape) * rng.uniform(0.01, 3)).astype(np.float32),
+                    QuantConfig.parse(fmt))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_decode_reads_every_code_at_every_place_in_a_word(bits):
+    per = quant_words.PER_WORD[bits]
+    codes = np.arange(2 ** bits)  # every stored code: nibbles 0..15, or bytes -128..127
+    if bits == 8:
+        codes = codes - 128
+    for j in range(per):
+        for filler in (0, -1):  # the other codes of the word all zeros, or all ones
+            data = np.full((len(codes), per), filler, np.int64)
+            data[:, j] = codes
+            words = np.zeros(len(codes), np.int64)
+            for i in range(per):
+                words |= (data[:, i] & (2 ** bits - 1)) << (bits * i)
+            decoded = quant_words.decode(words.astype(np.uint32).view(np.int32), j, bits)
+            np.testing.assert_array_equal(decoded, quant_words.CODE_BASE[bits] + codes)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_kernels_arithmetic_is_the_reference_dequantize(fmt):
+    """Words, scales and offsets, decoded and multiplied as the kernel does, in float32: the
+    reference's weight exactly (the minimum formats within a rounding of the folded offset)."""
+    qw = weight(fmt, (40, 512))
+    packed = quant_words.pack_words(qw)
+    assert packed.words.shape == (40, 512 * qw.config.bits // 32)
+    np.testing.assert_array_equal(quant_words.decode(packed.words, 3, packed.bits)
+                                  - quant_words.CODE_BASE[packed.bits], stored_codes(qw)[:, 3::32 // qw.config.bits])
+    ours, ref = quant_words.dequantize_words(packed), dequantize(qw)
+    if qw.config.minimum:
+        np.testing.assert_allclose(ours, ref, rtol=0, atol=2 ** -16 * float(np.abs(qw.scales).max()) * 256)
+    else:
+        np.testing.assert_array_equal(ours, ref)
+
+
+def test_offsets_are_float16_where_that_is_exact_else_float32():
+    assert quant_words.pack_words(weight("int4-g32-min", (8, 64))).offsets.dtype == np.float16
+    assert quant_words.pack_words(weight("int4-g32-asym", (8, 64))).offsets.dtype == np.float32
+    assert quant_words.pack_words(weight("int4-g32", (8, 64))).offsets is None
+    assert quant_words.pack_words(weight("int8", (8, 64))).zero == 0
+
+
+def test_shapes_the_kernels_do_not_take_keep_torch_paths():
+    assert quant_words.fits(weight("int4-g32", (8, 96)))
+    assert not quant_words.fits(weight("int4-g64", (8, 96)))  # a ragged last group
+    assert not quant_words.fits(weight("int8", (8, 90)))  # rows not whole words
+    assert not quant_words.fits(weight("int4-g32", (8, 100)))
+
+
+def test_kernel_inputs_regroup_columns_by_place_in_a_word_and_sum_each_words_inputs():
+    x = torch.arange(2 * 16, dtype=torch.bfloat16).view(2, 16)
+    grouped, sums = layers.kernel_inputs(x, 4)  # 8 codes to a word: [2, 8, 2]
+    assert grouped.shape == (2, 8, 2) and grouped.dtype == torch.float32
+    assert grouped[1, 3].tolist() == [16 + 3, 16 + 11]
+    assert sums.tolist() == [[float(sum(range(8))), float(sum(range(8, 16)))],
+                             [float(sum(range(16, 24))), float(sum(range(24, 32)))]]
+
+
+def test_the_runner_refuses_the_kernels_where_they_cannot_run():
+    from tinyinfer.runners.torch_fast import TorchRunner
+    from tinyinfer.runners.torch_weights import random_weights
+    from tinyinfer.config import config_from_dict
+
+    config = config_from_dict(dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                   max_position_embeddings=64))
+    weights = random_weights(config, device="cpu", dtype="float32")
+    with pytest.raises(TinyInferError, match="quant_kernel must be one of"):
+        TorchRunner(config, weights, device="cpu", quant_kernel="fast")
+    if not torch.cuda.is_available():
+        with pytest.raises(TinyInferError, match="use quant_kernel='torch'"):
+            TorchRunner(config, weights, device="cpu", quant_kernel="triton")
+    assert TorchRunner(config, weights, device="cpu").describe()["quant_kernel"] == "torch"
+    assert TorchRunner(config, weights, device="cpu", quant_kernel="auto").quant_kernel == "torch"
+
+
+INTERPRETED = """
+import numpy as np, torch
+from tinyinfer.quant import QuantConfig, quantize, dequantize
+from tinyinfer.runners import torch_layers as layers, torch_quant_kernel as qk
+rng = np.random.default_rng(0)
+configs = [qk.Config(16, 64), qk.Config(8, 32, split_k=2), qk.Config(16, 256), qk.Config(16, 128, dot=True),
+           qk.Config(16, 128, split_k=2, dot=True)]
+for fmt, shape in [("int4-g32", (24, 128)), ("int4-g64-asym", (40, 256)), ("int4-g32-min", (17, 96)),
+                   ("int8", (24, 160)), ("int8-g32", (33, 128)), ("int4-g128", (16, 384))]:
+    qw = quantize(rng.standard_normal(shape).astype(np.float32), QuantConfig.parse(fmt))
+    w = layers.kernel_weight(qw, torch.device("cpu"))
+    for rows in (1, 3, 5, 20):
+        x = rng.standard_normal((rows, shape[1])).astype(np.float32)
+        ref = x.astype(np.float64) @ dequantize(qw).astype(np.float64).T
+        for config in configs:
+            if rows > 3 and not config.dot:  # elementwise: a program per row
+                continue
+            xg, xsum = layers.kernel_inputs(torch.from_numpy(x), w.bits)
+            y = qk.quant_matmul(xg, xsum, w.words, w.scales, w.offsets, w.bits, w.group_size, w.zero,
+                                torch.float32, config).numpy()
+            err = np.abs(y - ref).max() / np.abs(ref).max()
+            assert err < 1e-5, (fmt, rows, config, err)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="triton is not installed; scripts/gpu_quant_kernels.py runs the kernels on a GPU")
+def test_the_kernels_compute_the_dequantized_product_in_the_interpreter():
+    """Every program kind (elementwise, matrix units, split K) on float32 inputs, run by Triton's
+    CPU interpreter: within 1e-5 of x @ dequantize(W)^T."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows", [1, 5, 16, 70])
+def test_the_compiled_kernels_compute_the_dequantized_product(fmt, rows):
+    """bf16 activations on the GPU: within 1e-2 (relative norm) of the float64 product, the
+    kernel choosing its own program."""
+    qw = weight(fmt, (1000, 2048), seed=rows)
+    w = layers.device_weight(qw, torch.device("cuda"), torch.bfloat16, kernel="triton")
+    assert isinstance(w, layers.KernelWeight)
+    x = torch.randn((rows, 2048), device="cuda", dtype=torch.bfloat16)
+    ref = x.double() @ torch.from_numpy(dequantize(qw)).cuda().double().T
+    got = layers.linear(x, w, None).double()
+    assert float((got - ref).norm() / ref.norm()) < 1e-2
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("fmt", ["int8", "int4-g128", "int4-g32-asym", "int4-g32-min"])
+def test_the_runner_with_the_kernels_tracks_the_reference(fmt):
+    """A small Llama in bf16 with torch.compile and CUDA graphs (the kernels' products inside
+    them): logits within 3e-2 of the float64 reference holding the same quantized weights."""
+    from tinyinfer.config import config_from_dict
+    from tinyinfer.quant import quantize_weights
+    from tinyinfer.runners.numpy_ref import NumpyRunner
+    from tinyinfer.runners.runner import make_batch
+    from tinyinfer.runners.torch_fast import TorchRunner
+    from tinyinfer.runners.torch_weights import random_weights
+
+    config = config_from_dict(dict(model_type="llama", vocab_size=512, hidden_size=256, intermediate_size=512,
+                                   num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                                   max_position_embeddings=256))
+    floats = {k: v.numpy() for k, v in random_weights(config, device="cpu", dtype="float32",
+                                                       std=0.3 / 16).items()}
+    weights = quantize_weights(floats, QuantConfig.parse(fmt))
+    ref_runner = NumpyRunner(config, weights, dtype="float64")
+    fast = TorchRunner(config, weights, device="cuda", quant_kernel="triton")
+    assert isinstance(fast.w.layers[0].qkv[0], layers.KernelWeight) and fast.cuda_graphs
+    prompt = list(range(3, 40))
+    kv_ref, kv_fast = ref_runner.new_kv_cache(8, 16), fast.new_kv_cache(8, 16)
+    steps = [make_batch([(prompt, 0, [0, 1, 2], False)], 16)] + [
+        make_batch([([7 + i], len(prompt) + i, [0, 1, 2], False)], 16) for i in range(4)]
+    for batch in steps:
+        ref, ours = ref_runner.forward(batch, kv_ref), fast.forward(batch, kv_fast)
+        assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 3e-2
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_auto_keeps_torchs_int4_kernel_where_it_fits_and_takes_the_triton_kernels_elsewhere():
+    cuda = torch.device("cuda")
+    kinds = {fmt: type(layers.device_weight(weight(fmt, (256, 1024)), cuda, torch.bfloat16, kernel="auto"))
+             for fmt in ("int4-g128", "int4-g32-min", "int8", "int8-g32")}
+    assert kinds == {"int4-g128": layers.Int4Weight, "int4-g32-min": layers.Int4Weight,
+                     "int8": layers.KernelWeight, "int8-g32": layers.KernelWeight}
+    fp16 = layers.device_weight(weight("int4-g128", (256, 1024)), cuda, torch.float16, kernel="auto")
+    assert isinstance(fp16, layers.KernelWeight)  # torch's int4 kernel computes in bf16 only
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_tiles_split_k_until_the_processors_have_work_and_not_past_two_steps_a_split():
+    from tinyinfer.runners import torch_quant_kernel as qk
+
+    gate_up, down = qk.pick_config(1, 28672, 4096, 4, 132), qk.pick_config(1, 4096, 14336, 4, 132)
+    assert not gate_up.dot and gate_up.split_k == 1  # 1,792 programs already
+    assert down.split_k == 4  # 256 tiles: 1,024 programs
+    tiny = qk.pick_config(1, 64, 1024, 8, 132)
+    assert tiny.split_k == 2  # 1024 / 256 = 4 loop steps: two a split at most
+    assert qk.pick_config(2, 4096, 4096, 4, 132).dot is False  # int4: a program per row
+    assert qk.pick_config(2, 4096, 4096, 8, 132).dot and qk.pick_config(300, 4096, 4096, 8, 132).dot
+    assert qk.rows_per_tile(300, qk.pick_config(300, 4096, 4096, 8, 132)) == qk.MAX_ROWS_PER_TILE

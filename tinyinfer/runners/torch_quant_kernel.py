@@ -1,0 +1,311 @@
+"""Triton kernels for weight-only int8 / int4 matrix products at decode sizes (GPU only).
+
+Imported only where Triton is installed; ``torch_layers.kernel_weight`` imports it, which
+registers the product as the operator ``torch.ops.tinyinfer.quant_matmul`` (opaque to
+``torch.compile``, captured by CUDA graphs like any kernel).
+
+A decode step multiplies a few rows of activations by every weight matrix once: its time is
+the time to read the weights. These kernels read the stored codes and turn them into floats in
+registers, so the weights cross memory at 4 or 8 bits and nothing is dequantized into a copy.
+What they read (codes packed in 32-bit words, one formula for every format) and the float trick
+that decodes a code are in ``quant_words``, with a NumPy twin of the arithmetic the tests pin
+to ``tinyinfer.quant.dequantize``.
+
+* **Two shapes of program.** One row of activations (batch-1 decode; two rows for int4, a
+  program each) sums (BASE + code) * x per word in float32 and folds the scale and offset in
+  per word; more rows dequantize a tile to the activations' dtype and run it through the
+  matrix units (``tl.dot``), the rows padded to 16.
+* **Columns by code.** Code j of consecutive words meets inputs j, j + PER, j + 2 PER, ...;
+  the caller hands x over in float32 with its columns regrouped that way, plus each word's
+  input sum (``torch_layers.kernel_inputs``, fused into the kernel that made x), so each of
+  those loads is contiguous.
+* **Split K.** A matrix with few output tiles (a small model's o projection) splits its inputs
+  across programs; each writes a float32 partial sum, and the last program of a tile to finish
+  (counted with an atomic) adds them up in a fixed order, writes the output and resets its
+  counter.
+* **Tiles** (``pick_config``) are the fastest measured on an H100: docs/quantization.md.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from tinyinfer.runners.quant_words import CODE_MASK, PER_WORD
+
+ELEMENTWISE_ROWS = {4: 2, 8: 1}  # up to this many rows of x: the elementwise program (a row each)
+MAX_ROWS_PER_TILE = 64  # rows of activations one program multiplies (more rows: more programs)
+MAX_TILES = 4096  # output tiles a split-K launch may count (the size of its counter buffer)
+
+
+class Config(NamedTuple):
+    """Tile sizes and launch options of one product."""
+
+    block_n: int  # output rows (weight rows) per program
+    block_k: int  # inputs per loop step
+    split_k: int = 1  # programs sharing one tile's inputs
+    num_warps: int = 4
+    num_stages: int = 3
+    dot: bool = False  # the matrix-unit program (any number of rows) or the elementwise one (one row)
+
+
+@triton.jit
+def decode_words(words, code_mask, J: tl.constexpr, BITS: tl.constexpr):
+    """Code J of every 32-bit word as float32 BASE + code: ``quant_words.decode`` in Triton.
+
+    ``code_mask`` is CODE_MASK[BITS], passed at run time: with one of its two constants in a
+    register, the mask and the exponent bits compile to one three-input logic instruction.
+    """
+    if BITS == 4:
+        # nibble J -> mantissa bits 16..19 of 128.0, which count 1, 2, 4, 8
+        if J < 4:
+            shifted = words << (16 - 4 * J)
+        elif J == 4:
+            shifted = words
+        else:
+            shifted = words >> (4 * J - 16)  # arithmetic shift: the sign bits are masked off
+        bits = (shifted & code_mask) | 0x43000000
+    else:
+        # byte J -> mantissa bits 15..22 of 256.0, its top (sign) bit flipped: 256 + (code + 128)
+        if J < 2:
+            shifted = words << (15 - 8 * J)
+        else:
+            shifted = words >> (8 * J - 15)
+        bits = (shifted & code_mask) ^ 0x43C00000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _trip_count(steps, INTERPRETED_STEPS: tl.constexpr):
+    """A loop's trip count: the run-time ``steps`` on the GPU (one compiled kernel serves every
+    width); Triton's CPU interpreter, which the tests use, takes only a constant bound, so there
+    the launcher passes it as INTERPRETED_STEPS too."""
+    if INTERPRETED_STEPS > 0:
+        return INTERPRETED_STEPS
+    return steps
+
+
+@triton.jit
+def _load(pointers, mask, EVEN: tl.constexpr):
+    """Load, masked unless EVEN (every tile whole: no mask to test, no zeros to fill)."""
+    if EVEN:
+        return tl.load(pointers)
+    return tl.load(pointers, mask=mask, other=0)
+
+
+@triton.jit
+def _quant_matmul_kernel(
+    x_ptr, xsum_ptr, words_ptr, scales_ptr, offsets_ptr, out_ptr, partial_ptr, counters_ptr,
+    M, N, K, steps, code_mask, ROW_WORDS: tl.constexpr,
+    INTERPRETED_STEPS: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr, SPAN_WORDS: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    DOT: tl.constexpr, IEEE: tl.constexpr, EVEN: tl.constexpr,
+):
+    """out[M, N] = x @ W^T, W [N, K] from packed codes. Programs: (N tiles, splits, M tiles).
+
+    x comes in float32 as [M, PER, K / PER], its columns regrouped by their place in a word
+    (x[m, j, i] is input column i * PER + j), so the inputs that meet code j of consecutive
+    words lie together; xsum [M, K / PER] holds, per word, the sum of the inputs its codes meet.
+
+    A loop step reads BLOCK_K inputs of BLOCK_N rows as a [BLOCK_N, GROUPS_PER_BLOCK,
+    SPAN_WORDS] tile of words: each (row, group) pair shares one scale and offset.
+    """
+    PER: tl.constexpr = 32 // BITS
+    row_words = ROW_WORDS  # a constant: the inputs of code j sit at a fixed offset from code 0's
+    BASE: tl.constexpr = 128 if BITS == 4 else 384
+    BLOCK_WORDS: tl.constexpr = BLOCK_K // PER
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    g = tl.arange(0, GROUPS_PER_BLOCK)
+    w = tl.arange(0, SPAN_WORDS)
+    num_groups = K // GROUP if GROUP > 0 else 1  # GROUP 0: one group per row (per-row int8)
+    first = pid_k * steps  # this program's loop steps: first .. first + steps
+    row_at = words_ptr + n[:, None, None] * row_words  # [BN, 1, 1]
+    kw = first * BLOCK_WORDS + g[:, None] * SPAN_WORDS + w[None, :]  # [G, W] word columns
+    words = _load(row_at + kw[None, :, :], n_ok[:, None, None] & (kw < row_words)[None, :, :], EVEN)
+    if DOT:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        flat = tl.arange(0, BLOCK_WORDS)  # the tile's words in (group, word) order
+    else:
+        acc = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS], tl.float32)  # one row of x: pid_m
+    for step in range(0, _trip_count(steps, INTERPRETED_STEPS)):
+        block = first + step
+        kw = block * BLOCK_WORDS + g[:, None] * SPAN_WORDS + w[None, :]
+        k_ok = kw < row_words
+        # the next step's words, in flight while this step computes (the last step reads its
+        # own block again rather than test a mask)
+        ahead_kw = kw + BLOCK_WORDS * (step + 1 < steps).to(tl.int32)
+        ahead = _load(row_at + ahead_kw[None, :, :], n_ok[:, None, None] & (ahead_kw < row_words)[None, :, :],
+                      EVEN)
+        if GROUP > 0:
+            group = block * BLOCK_K // GROUP + g  # [G]
+        else:
+            group = g  # [1], 0
+        sg_at = n[:, None] * num_groups + group[None, :]  # [BN, G]
+        sg_ok = n_ok[:, None] & (group < num_groups)[None, :]
+        scale = _load(scales_ptr + sg_at, sg_ok, EVEN).to(tl.float32)
+        shift = -(BASE + ZERO) * scale  # folds BASE and the zero point into the offset
+        if HAS_OFFSETS:
+            shift += _load(offsets_ptr + sg_at, sg_ok, EVEN).to(tl.float32)
+        if DOT:
+            # weight = (BASE + code) * scale + shift, rounded to x's dtype, through the matrix units
+            for j in tl.static_range(PER):
+                weight = decode_words(words, code_mask, j, BITS) * scale[:, :, None] + shift[:, :, None]
+                kx = block * BLOCK_WORDS + flat  # [BLOCK_WORDS] words, code j of each
+                xt = tl.load(x_ptr + m[None, :] * K + j * row_words + kx[:, None],
+                             mask=m_ok[None, :] & (kx < row_words)[:, None], other=0.0)  # [BW, BM]
+                tile = tl.reshape(weight, [BLOCK_N, BLOCK_WORDS]).to(out_ptr.dtype.element_ty)
+                if IEEE:
+                    acc = tl.dot(tile, xt, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(tile, xt.to(out_ptr.dtype.element_ty), acc)
+        else:
+            # per word: (BASE + code) * x summed over its codes, then scale * that + shift *
+            # (its inputs' sum): a shift, a logic operation and a multiply-add per weight
+            row = x_ptr + pid_m * K + kw  # [G, W]
+            part = decode_words(words, code_mask, 0, BITS) * _load(row, k_ok, EVEN)[None, :, :]
+            for j in tl.static_range(1, PER):
+                xj = _load(row + j * row_words, k_ok, EVEN)  # [G, W]
+                part += decode_words(words, code_mask, j, BITS) * xj[None, :, :]
+            xw = _load(xsum_ptr + pid_m * row_words + kw, k_ok, EVEN)  # [G, W]
+            acc += part * scale[:, :, None] + shift[:, :, None] * xw[None, :, :]
+        words = ahead
+    if DOT:
+        out_at = m[None, :] * N + n[:, None]  # [BN, BM]
+        out_ok = n_ok[:, None] & m_ok[None, :]
+        result = acc
+    else:
+        out_at = pid_m * N + n  # [BN]
+        out_ok = n_ok
+        result = tl.sum(tl.sum(acc, axis=2), axis=1)
+    if SPLIT_K == 1:
+        tl.store(out_ptr + out_at, result.to(out_ptr.dtype.element_ty), mask=out_ok)
+    else:
+        tl.store(partial_ptr + pid_k * M * N + out_at, result, mask=out_ok)
+        tl.debug_barrier()  # every thread's partial is issued before the count goes up
+        tile_id = pid_m * tl.num_programs(0) + pid_n
+        done = tl.atomic_add(counters_ptr + tile_id, 1)  # acquire-release, GPU scope
+        if done == SPLIT_K - 1:  # the last of the tile's programs adds the partials
+            total = tl.zeros_like(result)
+            for s in range(SPLIT_K):
+                total += tl.load(partial_ptr + s * M * N + out_at, mask=out_ok, other=0.0,
+                                 cache_modifier=".cg")
+            tl.store(out_ptr + out_at, total.to(out_ptr.dtype.element_ty), mask=out_ok)
+            tl.atomic_xchg(counters_ptr + tile_id, 0)  # ready for the next launch
+
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter runs the kernels
+_counters: dict[torch.device, Tensor] = {}
+
+
+def _counter_buffer(device: torch.device) -> Tensor:
+    """Zeroed tile counters, one buffer per device; every split-K launch leaves them zero."""
+    if device not in _counters:
+        _counters[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+    return _counters[device]
+
+
+def pick_config(m: int, n: int, k: int, bits: int, processors: int) -> Config:
+    """Tiles for an [m, k] x [k, n] product, as measured fastest on an H100 (docs/quantization.md):
+    the elementwise program for one row (two for int4), the matrix units above; split K until
+    there are about four programs per multiprocessor."""
+    if m <= ELEMENTWISE_ROWS[bits]:
+        config = Config(16, 512 if bits == 4 else 256, num_warps=4, num_stages=1, dot=False)
+    elif m <= 16:
+        config = Config(64, 512, num_stages=3, dot=True) if bits == 4 else Config(32, 128, num_stages=3, dot=True)
+    else:  # prefill: more rows per program, and shallower tiles so their inputs fit shared memory
+        config = Config(64, 128, num_warps=4, num_stages=3, dot=True)
+    return with_split(config, m, n, k, processors)
+
+
+def with_split(config: Config, m: int, n: int, k: int, processors: int,
+               programs_per_processor: int = 4) -> Config:
+    """Split K in two, four, ... until there are about ``programs_per_processor`` programs per
+    multiprocessor (while each split keeps two loop steps or more)."""
+    tiles = triton.cdiv(n, config.block_n) * triton.cdiv(m, rows_per_tile(m, config))
+    blocks = triton.cdiv(k, config.block_k)
+    split = 1
+    while tiles * split < programs_per_processor * processors and split * 2 <= blocks // 2 \
+            and tiles <= MAX_TILES:
+        split *= 2
+    return config._replace(split_k=split)
+
+
+def rows_per_tile(m: int, config: Config) -> int:
+    """Rows of activations one program takes: one elementwise, else 16..64 (tl.dot's smallest
+    tile is 16)."""
+    if not config.dot:
+        return 1
+    return min(MAX_ROWS_PER_TILE, max(16, triton.next_power_of_2(m)))
+
+
+_processors: dict[torch.device, int] = {}
+
+
+def quant_matmul(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | None,
+                 bits: int, group_size: int, zero: int, out_dtype: torch.dtype,
+                 config: Config | None = None) -> Tensor:
+    """x W^T for W packed as ``torch_layers.KernelWeight``, x as ``torch_layers.kernel_inputs``.
+
+    xg: float32 [M, PER, K / PER], xsum: float32 [M, K / PER]; words: int32 [N, K bits / 32];
+    scales: float16 [N, groups]; offsets: None or [N, groups].  -> [M, N] in out_dtype.
+    ``config`` overrides the tile choice (benchmarks sweep it).
+    """
+    m, k = xg.shape[0], xg.shape[1] * xg.shape[2]
+    n = words.shape[0]
+    if config is None:
+        if xg.device not in _processors:
+            _processors[xg.device] = torch.cuda.get_device_properties(xg.device).multi_processor_count
+        config = pick_config(m, n, k, bits, _processors[xg.device])
+    out = torch.empty((m, n), dtype=out_dtype, device=xg.device)
+    block_m = rows_per_tile(m, config)
+    grid = (triton.cdiv(n, config.block_n), config.split_k, triton.cdiv(m, block_m))
+    if config.split_k > 1:
+        if grid[0] * grid[2] > MAX_TILES:
+            raise ValueError(f"split K counts at most {MAX_TILES} output tiles, this product has "
+                             f"{grid[0] * grid[2]}")
+        partial = torch.empty((config.split_k, m, n), dtype=torch.float32, device=xg.device)
+        counters = _counter_buffer(xg.device)
+    else:
+        partial = counters = out  # unused
+    # Inputs of one group inside a loop step; a row that is one group (per-row int8) is one
+    # group in every step, whatever its width.
+    span = config.block_k if group_size == k else min(group_size, config.block_k)
+    blocks = triton.cdiv(k, config.block_k)
+    steps = triton.cdiv(blocks, config.split_k)
+    _quant_matmul_kernel[grid](
+        xg.contiguous(), xsum.contiguous(), words, scales, scales if offsets is None else offsets, out,
+        partial, counters, m, n, k, steps, CODE_MASK[bits], ROW_WORDS=k // PER_WORD[bits],
+        INTERPRETED_STEPS=steps if _INTERPRETED else 0, BITS=bits,
+        GROUP=0 if group_size == k else group_size, ZERO=zero, HAS_OFFSETS=offsets is not None,
+        SPAN_WORDS=span // PER_WORD[bits], GROUPS_PER_BLOCK=config.block_k // span,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        SPLIT_K=config.split_k, DOT=config.dot, IEEE=out_dtype == torch.float32,
+        EVEN=n % config.block_n == 0 and k % config.block_k == 0 and blocks % config.split_k == 0,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out
+
+
+@torch.library.custom_op("tinyinfer::quant_matmul", mutates_args=())
+def quant_matmul_op(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | None,
+                    bits: int, group_size: int, zero: int, out_dtype: torch.dtype) -> Tensor:
+    """``quant_matmul`` as an operator: torch.compile calls it as it is, without tracing into it."""
+    return quant_matmul(xg, xsum, words, scales, offsets, bits, group_size, zero, out_dtype)
+
+
+@quant_matmul_op.register_fake
+def _(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | None, bits: int,
+      group_size: int, zero: int, out_dtype: torch.dtype) -> Tensor:
+    return xg.new_empty((xg.shape[0], words.shape[0]), dtype=out_dtype)

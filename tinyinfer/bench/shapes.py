@@ -111,9 +111,6 @@ def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
         weights = random_weights(config, device, dtype)
     qconfig = None
     if quantize:
-        if with_peer:
-            raise TinyInferError("--peer transformers runs float weights: measure it in a run "
-                                 "without --quantize")
         qconfig = QuantConfig.parse(quantize)
         rng, drawn = np.random.default_rng(0), {}
         for key in [k for k in weights if is_quantized_name(k)]:
@@ -167,9 +164,6 @@ def folder_models(source: str, runner: str, device: str | None, dtype: str | Non
                   with_peer: bool, quantize: str | None = None) -> tuple[Model, Any]:
     """A checkpoint (folder, GGUF file or name) for our runner, quantized as it loads if asked
     (``none``: a quantized file's weights as floats), and transformers on the same files."""
-    if quantize not in (None, "none") and with_peer:
-        raise TinyInferError("--peer transformers runs float weights: measure it in a run "
-                             "without --quantize (or with --quantize none)")
     model = load(source, runner=runner, device=device, dtype=dtype, quantize=quantize)
     peer = None
     if with_peer:

@@ -131,6 +131,9 @@ def _bench_shapes(args: argparse.Namespace) -> int:
     with_peer = args.peer == "transformers"
     if with_peer:
         bs.require_transformers()
+        if args.quantize not in (None, "none"):  # "none": a quantized file's weights as floats
+            raise TinyInferError("--peer transformers runs float weights: measure it in a run "
+                                 "without --quantize")
     if args.peer and args.tensor_parallel > 1:
         raise TinyInferError(f"--peer {args.peer} runs the whole model on one device: measure it "
                              "in a run without --tensor-parallel")

@@ -254,7 +254,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", type=Path, default=DEFAULT_WORKSPACE, help=workspace_help)
     p.add_argument("--quick", action="store_true", help="a smaller experiment (under a minute)")
     p.add_argument("--solution", action="store_true", help="use the teacher's solution (for teachers)")
-    p.add_argument("--model", default="bundled", help="'bundled' or a Hugging Face Llama-family folder")
+    p.add_argument("--model", default="bundled",
+                   help="'bundled', 'smollm2', a Hugging Face Llama-family folder or a .gguf file")
     add_threads_arg(p)
 
 

@@ -135,3 +135,29 @@ def test_chat_through_the_server_with_the_openai_client(smollm2):
                                                max_tokens=24)
     assert "Paris" in reply.choices[0].message.content
     assert reply.choices[0].finish_reason == "stop"
+
+
+def test_ctrl_c_stops_a_reply_and_the_chat_goes_on(smollm2):
+    import io
+    import signal
+
+    from conftest import interruptible_tinyinfer
+    from tinyinfer.cli.chat import ChatSession
+
+    story = "Write a long story about a dragon."
+    full = ChatSession(tinyinfer.Engine(smollm2), tinyinfer.SamplingParams(max_tokens=200, temperature=0),
+                       None).reply(story, io.StringIO())
+    chat = subprocess.Popen(interruptible_tinyinfer("chat", "--temperature", "0", "--max-tokens", "200"),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, bufsize=1)
+    chat.stdin.write(story + "\n")
+    chat.stdin.flush()
+    streamed = chat.stdout.read(40)  # the reply has begun streaming
+    chat.send_signal(signal.SIGINT)
+    out, err = chat.communicate("What is the capital of France?\n/exit\n", timeout=600)
+    assert chat.returncode == 0, err
+    answer = "\nThe capital of France is Paris.\n"
+    text = streamed + out
+    assert text.endswith(answer) and "Traceback" not in err
+    cut = text[:-len(answer)]
+    assert len(streamed) <= len(cut) < len(full) and full.startswith(cut)  # stopped, nothing repeated

@@ -48,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     engine = tinyinfer.Engine(model)
     session = ChatSession(engine, params, args.system)
     interactive = sys.stdin.isatty()
+    if interactive:
+        import readline  # noqa: F401  (importing it gives input() line editing and history)
     print(f"Chatting with {model.name} on the {model.runner.name} runner. {HELP}", file=sys.stderr)
     while True:
         try:
@@ -95,16 +97,19 @@ class ChatSession:
         request = self.engine.add_request(ids, self.params)
         chunks = []
         try:
-            while self.engine.completion(request).finish_reason is None:
-                self.engine.step()
-                chunks.append(self.engine.stream_text(request))
+            while True:
+                done = self.engine.completion(request).finish_reason is not None
+                if not done:
+                    self.engine.step()
+                chunks.append(self.engine.stream_text(request))  # the last: what was held back
                 out.write(chunks[-1])
                 out.flush()
-            chunks.append(self.engine.stream_text(request))
+                if done:
+                    break
         except KeyboardInterrupt:  # stop this reply; what came so far stays in the conversation
             self.engine.abort_request(request)
         self.engine.release(request)
-        out.write(chunks[-1] + "\n" if chunks else "\n")
+        out.write("\n")
         answer = "".join(chunks).strip()
         self.messages = [*messages, {"role": "assistant", "content": answer}]
         return answer

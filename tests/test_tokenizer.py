@@ -268,10 +268,12 @@ def pairs(tmp_path_factory) -> Callable[[str], Pair]:
     def get(name: str) -> Pair:
         if name not in built:
             style = STYLES[name]
-            hf = style.build()
             folder = tmp_path_factory.mktemp(name, numbered=False)
-            hf.save(str(folder / "tokenizer.json"))
+            style.build().save(str(folder / "tokenizer.json"))
             (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": style.eos}))
+            # The oracle reads the saved file, as transformers does: a freshly trained Unigram
+            # object can break ties between equal-score splits unlike its own saved copy.
+            hf = HFTokenizer.from_file(str(folder / "tokenizer.json"))
             built[name] = Pair(name, style, hf, load_tokenizer(folder))
         return built[name]
 

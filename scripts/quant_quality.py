@@ -43,6 +43,7 @@ from tinyinfer.quant import (  # noqa: E402
     is_quantized_name,
     quantize_weights,
     save_quantized,
+    weights_nbytes,
 )
 from tinyinfer.runners.numpy_ref import NumpyRunner  # noqa: E402
 from tinyinfer.weights import load_weights  # noqa: E402
@@ -121,9 +122,9 @@ def gguf_variants(source: str) -> list[tuple[str, str, str, Callable[[], tinyinf
     return rows
 
 
-def model_bytes(model: tinyinfer.Model) -> int:
-    """Bytes of the blocks' linear weights as the runner holds them (codes, scales, offsets)."""
-    return sum(w.nbytes for name, w in model.runner.w.items() if is_quantized_name(name))
+def linear_bytes(weights: dict) -> int:
+    """Bytes of the blocks' linear weights as they are held (codes, scales, offsets; or floats)."""
+    return weights_nbytes({name: w for name, w in weights.items() if is_quantized_name(name)})
 
 
 def format_bytes(source: str, fmt: str, folder: Path) -> tuple[int, int]:
@@ -145,7 +146,7 @@ def format_bytes(source: str, fmt: str, folder: Path) -> tuple[int, int]:
         qconfig = QuantConfig.parse(fmt)
         quantized = quantize_weights(weights, qconfig)
         save_quantized(folder, quantized, qconfig, float_dtype="bfloat16")
-        linear = sum(w.nbytes for name, w in quantized.items() if is_quantized_name(name))
+        linear = linear_bytes(quantized)
     return linear, (folder / "model.safetensors").stat().st_size
 
 
@@ -191,7 +192,8 @@ def measure(source: str, runner: str, context: int, max_bytes: int | None, only:
             nats = sum(score_work(model, ids, eot_id, context) for ids in works)
             seconds = time.perf_counter() - start
             if is_gguf:  # the file is the only checkpoint: its size, for the row stored as it
-                linear, disk = model_bytes(model), base.path.stat().st_size if fmt == "gguf" else 0
+                linear = linear_bytes(model.runner.w)
+                disk = base.path.stat().st_size if fmt == "gguf" else 0
             else:
                 linear, disk = format_bytes(source, fmt, Path(scratch) / name.replace(" ", "_"))
             kv = c.kv_bytes_per_token(2 if name == "bf16" else 4)

@@ -10,7 +10,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-
 from tinyinfer.chat import ChatTemplate, SimpleChatTemplate, load_chat_template
 from tinyinfer.config import ModelConfig, config_from_dict, load_config
 from tinyinfer.engine_config import DEFAULTS

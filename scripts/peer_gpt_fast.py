@@ -69,6 +69,7 @@ def build(args: argparse.Namespace, rank: int | None):
         if args.quantize == "int8":
             handler = gf_quant.WeightOnlyInt8QuantHandler(model)
         else:
+            gf_quant.prepare_int4_weight_and_scales_and_zeros = _int4_pack_for_this_torch(gf_quant)
             handler = gf_quant.WeightOnlyInt4QuantHandler(model, groupsize=args.group_size)
         state = handler.create_quantized_state_dict()
         with torch.device("cuda"):
@@ -79,6 +80,23 @@ def build(args: argparse.Namespace, rank: int | None):
 
         apply_tp(model)
     return model.to("cuda").eval()
+
+
+def _int4_pack_for_this_torch(gf_quant):
+    """gpt-fast's int4 preparation, for torch 2.5 and later.
+
+    gpt-fast hands ``_convert_weight_to_int4pack`` int32 codes, one per element; since torch 2.5
+    that operator takes uint8 with two codes per byte, the even column in the high nibble. This
+    packs gpt-fast's own codes that way and calls the same operator; its quantization (group
+    scales and zeros) and its matmul kernel are unchanged."""
+    import torch
+
+    def prepare(weight_bf16, groupsize, inner_k_tiles):
+        codes, scales_and_zeros = gf_quant.group_quantize_tensor(weight_bf16, n_bit=4, groupsize=groupsize)
+        packed = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
+        return torch.ops.aten._convert_weight_to_int4pack(packed, inner_k_tiles), scales_and_zeros
+
+    return prepare
 
 
 def streamed_bytes(model) -> int:

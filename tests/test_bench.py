@@ -66,10 +66,27 @@ def test_latency_table_with_a_peer_has_no_nan_and_separate_columns(oracle_model)
                bs.peer_latency(peer, model.config.vocab_size, prompt_tokens=8, decode_tokens=4, repeats=1)]
     text = bs.latency_table(results)
     assert "nan" not in text
-    header, rule, ours, theirs = table_cells(text)
+    header, rule, ours, theirs, note = text.splitlines()
+    header, rule, ours, theirs = table_cells("\n".join([header, rule, ours, theirs]))
     assert len(rule) == len(ours) == len(theirs) == len(header)
     assert theirs[header.index("p95 ms")] == theirs[header.index("roofline %")] == "–"
+    assert theirs[header.index("request tok/s")] != "–"  # the peer's whole generate call
     assert json.loads(json.dumps(bs.as_dict(results[1])))["roofline_pct"] is None  # valid JSON, no NaN
+    assert note.startswith(f"{results[0].label}: roofline = ")  # only rows with a roofline explain it
+
+
+def test_latency_roofline_bytes_are_the_weights_plus_kv_at_the_mean_context(oracle_model):
+    folder, _ = oracle_model("llama-gqa-untied")
+    model = tinyinfer.load(folder)
+    result = bs.bench_latency(model, prompt_tokens=8, decode_tokens=4, repeats=1)
+    kv = model.config.kv_bytes_per_token(model.runner.info.itemsize) * (8 + 4 // 2)
+    assert result.kv_bytes_per_step == kv
+    assert result.bytes_per_step == model.runner.info.weight_bytes + kv
+    note = bs.latency_table([result]).splitlines()[-1]
+    assert f"{model.runner.info.weight_bytes / 1e9:.3f} GB of weights" in note
+    assert f"{kv / 1e9:.3f} GB of K/V at the mean context (10 tokens)" in note
+    assert result.warmup_s is not None and result.warmup_s > 0
+    assert result.request_tokens_per_s is not None and result.request_tokens_per_s > 0
 
 
 def test_batching_table_columns_never_run_together(oracle_model):
@@ -105,7 +122,7 @@ def test_latency_of_a_folder_quantized_as_it_loads_names_its_format(oracle_model
     assert peer is None and model.quantization.name == "int4-g32"
     result = bs.bench_latency(model, prompt_tokens=8, decode_tokens=4, repeats=1)
     assert result.weights == "int4-g32"
-    header, _, row = table_cells(bs.latency_table([result]))
+    header, _, row, _note = table_cells(bs.latency_table([result]))
     assert row[header.index("weights")] == "int4-g32"
     float_model, _ = bs.folder_models(str(folder), "numpy", None, None, with_peer=False)
     assert bs.weights_name(float_model) == "float32"

@@ -29,7 +29,7 @@ def llama_cpp_latency(path: Path, threads: int, vocab_size: int, prompt_tokens: 
     llm = llama_cpp.Llama(str(path), n_ctx=prompt_tokens + decode_tokens + 1, n_threads=threads,
                           n_threads_batch=threads, n_batch=max(prompt_tokens, 512), verbose=False)
     prompt = np.random.default_rng(0).integers(0, vocab_size, prompt_tokens).tolist()
-    ttfts, tpots = [], []
+    ttfts, tpots, requests = [], [], []
     with progress.task(f"llama.cpp: steps ({repeats} runs + warm-up)",
                        total=(repeats + 1) * decode_tokens) as advance:
         for run in range(repeats + 1):
@@ -49,10 +49,12 @@ def llama_cpp_latency(path: Path, threads: int, vocab_size: int, prompt_tokens: 
             if run:  # the first run warms caches up
                 ttfts.append(first)
                 tpots += steps
+                requests.append(first + sum(steps))
     tpot = statistics.median(tpots)
     return LatencyResult(
         label=f"llama.cpp {llama_cpp.__version__} ({threads} threads)", prompt_tokens=prompt_tokens,
         decode_tokens=decode_tokens, ttft_ms=1e3 * statistics.median(ttfts), tpot_p50_ms=1e3 * tpot,
         tpot_p95_ms=1e3 * float(np.percentile(tpots, 95)), decode_tokens_per_s=1 / tpot,
         bytes_per_step=0, bandwidth=0.0, roofline_pct=None, peak_memory=0,
+        request_tokens_per_s=decode_tokens / statistics.median(requests),
     )

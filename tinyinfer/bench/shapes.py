@@ -213,6 +213,9 @@ class LatencyResult:
     rank_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # median per decode step of
     # each rank's timings ("rank1_forward", "rank1_all_reduce", ...)
     weights: str = ""  # the weights' format (int8, int4-g128, ...) or float dtype
+    kv_bytes_per_step: int = 0  # of bytes_per_step: K/V read at the mean context; the rest is weights
+    request_tokens_per_s: float | None = None  # new tokens / whole request time (TTFT included)
+    warmup_s: float | None = None  # the untimed first request: compilation, CUDA graphs, caches
 
 
 def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 128,
@@ -227,7 +230,7 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
     ranks = info.tensor_parallel
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True)
-    ttfts, tpots, ranked = [], [], []
+    ttfts, tpots, ranked, requests = [], [], [], []
     with progress.task(f"latency: steps ({repeats} runs + warm-up)",
                        total=(repeats + 1) * decode_tokens) as advance:
         for run in range(repeats + 1):
@@ -245,6 +248,9 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
                 ttfts.append(step_times[0])
                 tpots += step_times[1:]
                 ranked += step_ranks[1:]
+                requests.append(sum(step_times))
+            else:
+                warmup_s = sum(step_times)
     itemsize = model.runner.info.itemsize
     kv_read = model.config.kv_bytes_per_token(itemsize) * (prompt_tokens + decode_tokens // 2) // ranks
     bytes_per_step = weight_bytes(model) + kv_read
@@ -259,7 +265,8 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
         all_reduce_ms=1e3 * statistics.median(
             sum(t.get(f"rank{r}_all_reduce", 0.0) for r in range(ranks)) / ranks for t in ranked),
         rank_ms={key: 1e3 * statistics.median(t[key] for t in ranked) for key in sorted(ranked[0])},
-        weights=weights_name(model),
+        weights=weights_name(model), kv_bytes_per_step=kv_read,
+        request_tokens_per_s=decode_tokens / statistics.median(requests), warmup_s=warmup_s,
     )
 
 
@@ -295,6 +302,7 @@ def peer_latency(peer: Any, vocab_size: int, prompt_tokens: int = 512, decode_to
         ttft_ms=1e3 * ttft, tpot_p50_ms=1e3 * tpot, tpot_p95_ms=None,
         decode_tokens_per_s=1 / tpot, bytes_per_step=0, bandwidth=0.0, roofline_pct=None,
         peak_memory=_peak_memory(device), weights=_peer_dtype(peer),
+        request_tokens_per_s=decode_tokens / full,
     )
 
 
@@ -334,6 +342,7 @@ class ThroughputResult:
     seconds: float
     tokens_per_second: float
     weights: str = ""  # the weights' format (int8, int4-g128, ...) or float dtype
+    warmup_s: float | None = None  # the untimed warm-up run: compilation, CUDA graphs, caches
 
 
 def bench_throughput(model: Model, workload: list[Request], max_num_seqs: int = 256,
@@ -348,10 +357,12 @@ def bench_throughput(model: Model, workload: list[Request], max_num_seqs: int = 
     for i, r in enumerate(workload):  # short prompts, one more token each: batches shrink by one
         warm.add_request(list(r.prompt_ids[:16]), SamplingParams(temperature=0, max_tokens=1 + i % max_num_seqs,
                                                                   ignore_eos=True))
+    warm_start = time.perf_counter()
     with progress.task("throughput: warm-up steps") as advance:
         while warm.has_unfinished():
             warm.step()
             advance()
+    warmup_s = time.perf_counter() - warm_start
     engine = Engine(model, **options)
     start = time.perf_counter()
     ids = [engine.add_request(list(r.prompt_ids),
@@ -363,7 +374,7 @@ def bench_throughput(model: Model, workload: list[Request], max_num_seqs: int = 
     seconds = time.perf_counter() - start
     tokens = sum(len(engine.release(i).token_ids) for i in ids)
     return ThroughputResult(f"{model.name} / {model.runner.name}", len(workload), tokens, seconds,
-                            tokens / seconds, weights_name(model))
+                            tokens / seconds, weights_name(model), warmup_s)
 
 
 def _pages_for(model: Model, workload: list[Request], max_num_seqs: int, kv_fraction: float) -> int:
@@ -413,20 +424,35 @@ def as_dict(result: Any) -> dict[str, Any]:
 def latency_table(results: list[LatencyResult], thread_line: str = "") -> str:
     """One row per result; tensor-parallel rows add the ranks and the all-reduce time per step."""
     parallel = any(r.tensor_parallel > 1 for r in results)
-    headers = ["runner", "weights", "TTFT ms", "TPOT p50 ms", "p95 ms", "tok/s", "roofline %", "peak mem GB"]
+    headers = ["runner", "weights", "TTFT ms", "TPOT p50 ms", "p95 ms", "tok/s", "request tok/s",
+               "roofline %", "peak mem GB"]
     headers += ["TP", "all-reduce ms"] if parallel else []
     rows = [[r.label, r.weights, f"{r.ttft_ms:.1f}", f"{r.tpot_p50_ms:.2f}", _fixed(r.tpot_p95_ms, 2),
-             f"{r.decode_tokens_per_s:.1f}", _fixed(r.roofline_pct, 1), f"{r.peak_memory / 1e9:.2f}"]
+             f"{r.decode_tokens_per_s:.1f}", _fixed(r.request_tokens_per_s, 1), _fixed(r.roofline_pct, 1),
+             f"{r.peak_memory / 1e9:.2f}"]
             + ([r.tensor_parallel, f"{r.all_reduce_ms:.2f}"] if parallel else []) for r in results]
-    return _with_note(table(headers, rows), thread_line)
+    notes = [_roofline_note(r) for r in results if r.roofline_pct is not None]
+    return _with_note(table(headers, rows) + "".join(notes), thread_line)
+
+
+def _roofline_note(r: LatencyResult) -> str:
+    """How a row's roofline was counted, and what its times leave out."""
+    context = r.prompt_tokens + r.decode_tokens // 2
+    return (f"\n{r.label}: roofline = {(r.bytes_per_step - r.kv_bytes_per_step) / 1e9:.3f} GB of "
+            f"weights (LM head included, embedding rows not) + {r.kv_bytes_per_step / 1e9:.3f} GB "
+            f"of K/V at the mean context ({context} tokens) per step, over "
+            f"{r.bandwidth / 1e9:.0f} GB/s (a large copy on the device); tok/s = 1 / TPOT p50, "
+            f"request tok/s = new tokens / whole request; warm-up request (compilation, graphs) "
+            f"{_fixed(r.warmup_s, 1)} s, not timed")
 
 
 def throughput_table(results: list[ThroughputResult], thread_line: str = "") -> str:
     base = results[-1].tokens_per_second
     rows = [[r.label, r.weights, r.requests, r.output_tokens, f"{r.seconds:.1f}",
-             f"{r.tokens_per_second:.1f}", f"{r.tokens_per_second / base:.2f}x"] for r in results]
-    return _with_note(table(["runner", "weights", "requests", "out tokens", "seconds", "tok/s", "ratio"],
-                            rows), thread_line)
+             f"{r.tokens_per_second:.1f}", f"{r.tokens_per_second / base:.2f}x", _fixed(r.warmup_s, 1)]
+            for r in results]
+    return _with_note(table(["runner", "weights", "requests", "out tokens", "seconds", "tok/s", "ratio",
+                             "warm-up s (untimed)"], rows), thread_line)
 
 
 def _fixed(value: float | None, digits: int) -> str | None:

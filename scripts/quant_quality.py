@@ -163,7 +163,7 @@ def variants(source: str, runner: str) -> list[tuple[str, str, str, Callable[[],
 
     def kv_int8() -> tinyinfer.Model:
         model = tinyinfer.load(source)
-        model.runner = NumpyRunner(model.config, load_weights(model.path, model.config), kv_int8=True)
+        model.runner = NumpyRunner(model.config, load_weights(model.path, model.config), kv_cache_dtype="int8")
         return model
 
     rows.append(("fp32 + int8 KV", "fp32", "numpy", kv_int8))

@@ -33,6 +33,7 @@ def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") ->
 
 
 def add_kv_cache_dtype_arg(parser: argparse.ArgumentParser) -> None:
+    """`--kv-cache-dtype auto|int8`, as vLLM spells it (the model commands and the TUI)."""
     parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                         help="how K/V are stored: auto = the compute dtype, int8 = int8 codes with "
                              "a float16 scale per token and KV head (about half of 16-bit's bytes)")

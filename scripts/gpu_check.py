@@ -5,7 +5,8 @@
 
 (a) correctness: bf16 logits vs the float64 NumPy reference on random-weight models; fp32
     greedy tokens through the Engine identical to the reference's; the CUDA-graph path vs the
-    eager path; the Triton decode kernel vs the torch gather version.
+    eager path; the Triton decode kernel vs the torch gather version, with bf16 and int8 K/V;
+    int8 K/V through the whole runner (compiled, CUDA graphs) vs the reference's int8 K/V.
 (b) speed: batch-1 decode of random-weight models of the llama-3.2-1b and llama-3-8b shapes
     in bf16. Timed with CUDA events after warm-up, medians. The roofline is (weight bytes +
     KV bytes read per step) / the device-to-device copy bandwidth measured in this run.
@@ -223,17 +224,27 @@ def check_graphs_vs_eager(device: torch.device) -> dict[str, Any]:
 
 
 def check_decode_kernel(device: torch.device) -> dict[str, Any]:
-    """Triton paged decode vs the gather version on long contexts, bf16, fresh random data."""
+    """Triton paged decode vs the gather version on long contexts, bf16, fresh random data; with
+    int8 K/V, random codes and scales, the reference math being the gather version's (float32
+    attention over codes x scales), and the new token's codes and scales compared as written."""
     if device.type != "cuda":
         return {"skipped": "no CUDA device"}
     from tinyinfer.runners import torch_layers, torch_triton
 
     out = {}
     gen = torch.Generator(device=device).manual_seed(7)
-    for heads, kv_heads, hd, batch in ((32, 8, 64, 1), (32, 8, 128, 5), (12, 12, 64, 3)):
+    shapes = ((32, 8, 64, 1), (32, 8, 128, 5), (12, 12, 64, 3))
+    for (heads, kv_heads, hd, batch), int8 in [(s, False) for s in shapes] + [(s, True) for s in shapes]:
         pages, length = 512, 1600
-        k_cache, v_cache = torch.randn((2, pages, BLOCK, kv_heads, hd), generator=gen,
-                                       device=device, dtype=torch.bfloat16).unbind(0)
+        if int8:  # codes and float16 scales of about a bf16 cache's spread (|x| ~ 3)
+            k_cache, v_cache = torch.randint(-127, 128, (2, pages, BLOCK, kv_heads, hd), generator=gen,
+                                             device=device, dtype=torch.int8).unbind(0)
+            scales = tuple((torch.rand((2, pages, BLOCK, kv_heads), generator=gen, device=device)
+                            * 0.03 + 0.005).half().unbind(0))
+        else:
+            k_cache, v_cache = torch.randn((2, pages, BLOCK, kv_heads, hd), generator=gen,
+                                           device=device, dtype=torch.bfloat16).unbind(0)
+            scales = ()
         qkv = torch.randn((batch, (heads + 2 * kv_heads) * hd), generator=gen, device=device,
                           dtype=torch.bfloat16)
         positions = torch.randint(0, length, (batch,), generator=gen, device=device)
@@ -243,19 +254,50 @@ def check_decode_kernel(device: torch.device) -> dict[str, Any]:
         angles = torch.arange(4096, device=device, dtype=torch.float64)[:, None] * \
             torch.rand(hd // 2, generator=gen, device=device, dtype=torch.float64)
         cos, sin = angles.cos().float(), angles.sin().float()
-        ref_cache = (k_cache.clone(), v_cache.clone())
-        ref = torch_layers.paged_decode_attention(qkv, positions, slots, tables, *ref_cache, cos,
-                                                  sin, heads).float()
+        def named(cache: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+            return dict(zip(("k_scale", "v_scale"), cache[2:]))
+
+        ref_cache = tuple(t.clone() for t in (k_cache, v_cache, *scales))
+        ref = torch_layers.paged_decode_attention(qkv, positions, slots, tables, *ref_cache[:2], cos,
+                                                  sin, heads, **named(ref_cache)).float()
         for splits in (None, 1):
-            cache = (k_cache.clone(), v_cache.clone())
-            got = torch_triton.paged_decode_attention(qkv, positions, slots, tables, *cache, cos,
-                                                      sin, heads, num_splits=splits).float()
+            cache = tuple(t.clone() for t in (k_cache, v_cache, *scales))
+            torch.cuda.synchronize()
+            got = torch_triton.paged_decode_attention(qkv, positions, slots, tables, *cache[:2], cos,
+                                                      sin, heads, num_splits=splits, **named(cache)).float()
+            torch.cuda.synchronize()
             err = float((got - ref).norm() / ref.norm())
-            same_cache = bool(torch.equal(cache[0], ref_cache[0]) and torch.equal(cache[1], ref_cache[1]))
-            key = f"H{heads}/Hkv{kv_heads}/hd{hd}/B{batch}/splits={splits or 'auto'}"
-            out[key] = {"rel_error": err, "cache_identical": same_cache,
-                        "ok": err <= 1e-2 and same_cache}
+            same_cache = all(torch.equal(a, b) for a, b in zip(cache, ref_cache))
+            written = sum(int((a != b).sum()) for a, b in zip(cache, ref_cache))  # values unlike the gather version's
+            key = (f"{'int8' if int8 else 'bf16'} K/V H{heads}/Hkv{kv_heads}/hd{hd}/B{batch}/"
+                   f"splits={splits or 'auto'}")
+            out[key] = {"rel_error": err, "cache_identical": same_cache, "cache_values_differing": written,
+                        "finite": bool(torch.isfinite(got).all()),
+                        "ok": err <= 1e-2 and same_cache and bool(torch.isfinite(got).all())}
             log(f"  decode kernel {key}: rel error {err:.2e}, cache identical {same_cache}")
+    return out
+
+
+def check_int8_kv_vs_reference(device: torch.device) -> dict[str, Any]:
+    """int8 K/V through the whole bf16 runner (compiled, CUDA graphs, Triton decode) against the
+    float64 reference with int8 K/V, step by step, same bf16-rounded weights; the float K/V
+    reference's distance beside it, for scale."""
+    out = {}
+    for name in ("llama-gqa", "qwen2-tied"):
+        config = config_from_dict(CHECK_CONFIGS[name])
+        steps = check_schedule(config.vocab_size, seed=12)
+        weights = numpy_weights(config, seed=11, bf16=True)
+        ref = run_schedule(NumpyRunner(config, weights, dtype="float64", kv_cache_dtype="int8"), steps)
+        unquantized = run_schedule(NumpyRunner(config, weights, dtype="float64"), steps)
+        on_cuda = device.type == "cuda"
+        fast = TorchRunner(config, weights, device=str(device), dtype="bfloat16", compile=name == "llama-gqa",
+                           cuda_graphs=on_cuda, kv_cache_dtype="int8")
+        ours = run_schedule(fast, steps)
+        error = max(relative_error(a, b) for a, b in zip(ours, ref))
+        out[name] = {"runner": fast.describe(), "max_rel_error": error,
+                     "int8_vs_float_kv_reference": max(relative_error(a, b) for a, b in zip(ref, unquantized)),
+                     "ok": error <= 2e-2}
+        log(f"  int8 K/V bf16 runner vs float64 int8 reference {name}: max ‖Δ‖/‖ref‖ = {error:.2e}")
     return out
 
 
@@ -446,11 +488,18 @@ def environment(device: torch.device) -> dict[str, Any]:
     return info
 
 
+CHECKS = {"decode_kernel": check_decode_kernel, "bf16_vs_float64": check_bf16_vs_float64,
+          "fp32_greedy": check_fp32_greedy, "graphs_vs_eager": check_graphs_vs_eager,
+          "int8_kv_vs_reference": check_int8_kv_vs_reference}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for gpu_check.json")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on any device (dry run)")
     parser.add_argument("--only", choices=["checks", "bench"], help="run one half only")
+    parser.add_argument("--check", action="append", choices=sorted(CHECKS), default=None,
+                        help="run only these checks (repeatable; default: all)")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda" and not args.smoke:
@@ -480,10 +529,9 @@ def main() -> int:
                 torch.cuda.empty_cache()
     if args.only != "bench":
         checks = report.setdefault("checks", {})
-        for name, check in (("decode_kernel", check_decode_kernel),
-                            ("bf16_vs_float64", check_bf16_vs_float64),
-                            ("fp32_greedy", check_fp32_greedy),
-                            ("graphs_vs_eager", check_graphs_vs_eager)):
+        for name, check in CHECKS.items():
+            if args.check and name not in args.check:
+                continue
             log(f"check {name}")
             checks[name] = check(device)
             save()

@@ -161,12 +161,9 @@ def variants(source: str, runner: str) -> list[tuple[str, str, str, Callable[[],
         rows.append((fmt, fmt, runner, lambda fmt=fmt: tinyinfer.load(source, runner=runner, device=device,
                                                                       quantize=fmt)))
 
-    def kv_int8() -> tinyinfer.Model:
-        model = tinyinfer.load(source)
-        model.runner = NumpyRunner(model.config, load_weights(model.path, model.config), kv_int8=True)
-        return model
-
-    rows.append(("fp32 + int8 KV", "fp32", "numpy", kv_int8))
+    rows.append(("fp32 + int8 KV", "fp32", "numpy", lambda: tinyinfer.load(source, kv_cache_dtype="int8")))
+    rows.append(("int8 KV (torch)", "fp32", "torch", lambda: tinyinfer.load(source, runner="torch", device="cpu",
+                                                                          kv_cache_dtype="int8")))
     return rows
 
 
@@ -196,9 +193,7 @@ def measure(source: str, runner: str, context: int, max_bytes: int | None, only:
                 disk = base.path.stat().st_size if fmt == "gguf" else 0
             else:
                 linear, disk = format_bytes(source, fmt, Path(scratch) / name.replace(" ", "_"))
-            kv = c.kv_bytes_per_token(2 if name == "bf16" else 4)
-            if name.endswith("int8 KV"):  # int8 codes plus a float16 scale per token and head
-                kv = 2 * c.num_layers * c.num_kv_heads * (c.head_dim + 2)
+            kv = model.runner.info.kv_bytes_per_token(c)  # int8 K/V: codes plus float16 scales
             row = Row(name, runner_name, nats, n_tokens, n_bytes, linear, disk, kv, seconds)
             rows.append(row)
             print(f"{name:<16} {row.bits_per_byte:.4f} bits/byte  perplexity {row.perplexity:.3f}  "

@@ -79,7 +79,7 @@ def test_latency_roofline_bytes_are_the_weights_plus_kv_at_the_mean_context(orac
     folder, _ = oracle_model("llama-gqa-untied")
     model = tinyinfer.load(folder)
     result = bs.bench_latency(model, prompt_tokens=8, decode_tokens=4, repeats=1)
-    kv = model.config.kv_bytes_per_token(model.runner.info.itemsize) * (8 + 4 // 2)
+    kv = model.runner.info.kv_bytes_per_token(model.config) * (8 + 4 // 2)
     assert result.kv_bytes_per_step == kv
     assert result.bytes_per_step == model.runner.info.weight_bytes + kv
     note = bs.latency_table([result]).splitlines()[-1]
@@ -157,3 +157,20 @@ def test_quantize_with_tensor_parallel_presets_is_refused_in_one_line():
     assert done.returncode == 2
     assert done.stderr == ("tinyinfer: error: tensor parallelism shards float weights: drop --quantize "
                            "or --tensor-parallel\n")
+
+
+def test_latency_with_an_int8_kv_cache_names_it_and_counts_its_bytes(tmp_path):
+    """`bench latency --kv-cache-dtype int8` on a preset: the row says int8 KV, and the roofline's
+    bytes per step count K/V at one byte per value plus the float16 scales."""
+    out = tmp_path / "latency.json"
+    runs = {}
+    for kv in ("auto", "int8"):
+        done = cli("bench", "latency", "--preset", "gpt2", "--device", "cpu", "--dtype", "float32",
+                   "--prompt-tokens", "16", "--max-tokens", "3", "--kv-cache-dtype", kv, "--json", str(out))
+        assert done.returncode == 0, done.stderr
+        runs[kv], = json.loads(out.read_text())
+    assert runs["int8"]["label"] == "gpt2 / torch, int8 KV" and runs["auto"]["label"] == "gpt2 / torch"
+    config, _ = bs.shape_config("gpt2", 64)
+    tokens = 16 + 3 // 2  # the context the roofline counts: the prompt and half the new tokens
+    saved = runs["auto"]["bytes_per_step"] - runs["int8"]["bytes_per_step"]  # same weights in both
+    assert saved == (config.kv_bytes_per_token(4) - config.kv_bytes_per_token(1, 2)) * tokens

@@ -74,7 +74,7 @@ def test_int8_kv_cache_stores_codes_and_stays_close(oracle_model):
     folder, _ = oracle_model("llama-gqa-untied")
     model = tinyinfer.load(folder)
     exact = model.logits(PROMPT)
-    runner = NumpyRunner(model.config, load_weights(folder, model.config), kv_int8=True)
+    runner = NumpyRunner(model.config, load_weights(folder, model.config), kv_cache_dtype="int8")
     cache = runner.new_kv_cache(num_pages=4, page_size=8)
     assert cache.k[0].dtype == np.int8 and cache.k_scale is not None and cache.k_scale[0].shape == (4, 8, 2)
     quantized = tinyinfer.Model(model.config, runner, folder, "kv-int8").logits(PROMPT)
@@ -84,7 +84,7 @@ def test_int8_kv_cache_stores_codes_and_stays_close(oracle_model):
 def test_int8_kv_copy_page_copies_scales(oracle_model):
     folder, _ = oracle_model("llama-gqa-untied")
     config = tinyinfer.load(folder).config
-    runner = NumpyRunner(config, load_weights(folder, config), kv_int8=True)
+    runner = NumpyRunner(config, load_weights(folder, config), kv_cache_dtype="int8")
     cache = runner.new_kv_cache(num_pages=3, page_size=4)
     rng = np.random.default_rng(1)
     kv = rng.standard_normal((4, config.num_kv_heads, config.head_dim)).astype(np.float32)

@@ -252,6 +252,26 @@ def test_single_rank_runs_without_workers():
         tp.runner.close()
 
 
+def test_int8_kv_cache_splits_like_a_float_one():
+    """Each rank stores int8 codes and scales for its own KV heads; the split model computes the
+    one-process int8 K/V model's function, chunked prefill and a shared prefix included."""
+    tp = tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu", kv_cache_dtype="int8")
+    try:
+        ref = tinyinfer.load("bundled", runner="torch", device="cpu", kv_cache_dtype="int8")
+        local = tp.runner.new_kv_cache(3, 16).local
+        assert local.k.dtype == torch.int8 and local.k_scale.shape == (*local.k.shape[:3], 1)
+        assert tp.runner.info.kv_bytes_per_token(tp.config) == ref.runner.info.kv_bytes_per_token(ref.config)
+        assert_same_function(tp, ref, ref.tokenizer.encode(PROMPTS[3]))
+        prompts = [ref.tokenizer.encode(PROMPTS[1] + " " + p) for p in PROMPTS]
+        params = SamplingParams(max_tokens=24, temperature=0)
+        options = dict(page_size=4, max_num_batched_tokens=12)
+        got, traces = generate(tp, prompts, params, **options)
+        want, _ = generate(ref, prompts, params, **options)
+        assert got == want and any(t.prefix_hit_pages for t in traces)
+    finally:
+        tp.runner.close()
+
+
 def test_vocabulary_shards_cover_the_vocabulary_once():
     shards = [VocabShard.of(321, rank, 2) for rank in range(2)]
     assert [(s.start, s.rows, s.valid) for s in shards] == [(0, 161, 161), (161, 161, 160)]

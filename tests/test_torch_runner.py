@@ -157,30 +157,41 @@ def test_bad_options_raise_errors_that_say_what_to_do(oracle_model):
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="triton is not installed; scripts/gpu_check.py runs the kernel on a GPU")
-def test_triton_decode_kernel_matches_torch_version_in_interpreter():
-    """The Triton kernel, run by Triton's CPU interpreter, equals the gather + mask version."""
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_triton_decode_kernel_matches_torch_version_in_interpreter(kv_cache_dtype):
+    """The Triton kernel, run by Triton's CPU interpreter, equals the gather + mask version:
+    same outputs, and the same new K/V (int8: the same codes and scales) written to the cache."""
     code = (
         "import torch\n"
         "from tinyinfer.runners import torch_layers, torch_triton\n"
         "torch.manual_seed(0)\n"
+        f"int8 = {kv_cache_dtype == 'int8'}\n"
         "for heads, kv_heads, hd, page, rope in [(4, 2, 16, 4, True), (6, 2, 24, 4, True),\n"
         "                                        (4, 4, 16, 8, False), (4, 1, 32, 16, True)]:\n"
-        "    k_cache, v_cache = torch.randn(2, 60, page, kv_heads, hd).unbind(0)\n"
+        "    if int8:  # random codes, and scales of about a bf16 cache's spread\n"
+        "        k_cache, v_cache = torch.randint(-127, 128, (2, 60, page, kv_heads, hd), dtype=torch.int8).unbind(0)\n"
+        "        scales = (torch.rand(2, 60, page, kv_heads) * 0.03).half().unbind(0)\n"
+        "    else:\n"
+        "        k_cache, v_cache = torch.randn(2, 60, page, kv_heads, hd).unbind(0)\n"
+        "        scales = ()\n"
         "    qkv = torch.randn(3, (heads + 2 * kv_heads) * hd)\n"
         "    positions = torch.tensor([0, 5, 18 * page - 1])  # 18 pages: several 64-key splits\n"
         "    tables = torch.randperm(60)[:54].view(3, 18)  # each sequence owns its pages\n"
         "    slots = tables[torch.arange(3), positions // page] * page + positions % page\n"
         "    angles = torch.arange(512.0, dtype=torch.float64)[:, None] * torch.rand(hd // 2)\n"
         "    cos, sin = (angles.cos().float(), angles.sin().float()) if rope else (None, None)\n"
-        "    ref_cache = (k_cache.clone(), v_cache.clone())\n"
-        "    ref = torch_layers.paged_decode_attention(qkv, positions, slots, tables, *ref_cache,\n"
-        "                                              cos, sin, heads)\n"
+        "    def run(attention, cache, **options):\n"
+        "        named = dict(zip(('k_scale', 'v_scale'), cache[2:]))\n"
+        "        return attention(qkv, positions, slots, tables, cache[0], cache[1], cos, sin, heads,\n"
+        "                         **named, **options)\n"
+        "    ref_cache = [t.clone() for t in (k_cache, v_cache, *scales)]\n"
+        "    ref = run(torch_layers.paged_decode_attention, ref_cache)\n"
+        "    assert not any(torch.equal(a, b) for a, b in zip(ref_cache, (k_cache, v_cache, *scales)))\n"
         "    for splits in (1, 4):\n"
-        "        cache = (k_cache.clone(), v_cache.clone())\n"
-        "        out = torch_triton.paged_decode_attention(qkv, positions, slots, tables, *cache,\n"
-        "                                                  cos, sin, heads, num_splits=splits)\n"
+        "        cache = [t.clone() for t in (k_cache, v_cache, *scales)]\n"
+        "        out = run(torch_triton.paged_decode_attention, cache, num_splits=splits)\n"
         "        assert torch.allclose(out, ref, atol=1e-5), (heads, kv_heads, hd, splits)\n"
-        "        assert torch.equal(cache[0], ref_cache[0]) and torch.equal(cache[1], ref_cache[1])\n"
+        "        assert all(torch.equal(a, b) for a, b in zip(cache, ref_cache))\n"
         "print('ok')\n"
     )
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
@@ -221,3 +232,119 @@ def test_a_bf16_pool_holds_twice_the_pages_of_a_float32_one_for_the_same_budget(
     for engine in pools.values():
         assert engine.pool.num_pages * engine.page_bytes == budget.kv_cache_memory  # what it pays for
         assert engine.kv_cache.num_pages == engine.pool.num_pages
+
+
+# ---------------------------------------------------------------- int8 K/V
+
+
+def int8_pair(source, **options) -> tuple[tinyinfer.Model, tinyinfer.Model]:
+    """The reference and the torch runner (fp32, CPU), both with int8 K/V."""
+    return (tinyinfer.load(source, kv_cache_dtype="int8"),
+            tinyinfer.load(source, runner="torch", device="cpu", kv_cache_dtype="int8", **options))
+
+
+def test_torch_quantizes_kv_exactly_as_the_reference():
+    """Same codes, same float16 scales (rounded up), on values at every scale, zeros included."""
+    from tinyinfer.quant import quantize_kv
+    from tinyinfer.runners import torch_layers
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((200, 4, 24)) * 10.0 ** rng.uniform(-7, 3, (200, 4, 1))).astype(np.float32)
+    x[0, 1] = 0
+    codes, scales = torch_layers.quantize_kv(torch.from_numpy(x))
+    want_codes, want_scales = quantize_kv(x)
+    np.testing.assert_array_equal(codes.numpy(), want_codes)
+    np.testing.assert_array_equal(scales.numpy(), want_scales)
+
+
+@pytest.mark.parametrize("name", ["bundled", "llama-gqa-untied", "gpt2"])
+def test_int8_kv_logits_match_the_int8_reference(name, oracle_model):
+    """Mixed prefill chunks and decodes through shuffled pages: the torch runner with int8 K/V
+    computes the reference's int8 K/V function. The two differ only where an fp32 rounding
+    difference moves a value across a code boundary (a code off by one), so they sit far
+    closer to each other than either sits to float K/V."""
+    source = name if name == "bundled" else oracle_model(name)[0]
+    ref, fast = int8_pair(source)
+    page = 16 if name == "bundled" else 4
+    float_ref = tinyinfer.load(source).runner
+    ref_kv, fast_kv, float_kv = (r.new_kv_cache(32, page) for r in (ref.runner, fast.runner, float_ref))
+    for entries in mixed_schedule(ref.config.vocab_size, page_size=page, seed=9):
+        batch = make_batch(entries, page)
+        want, got = ref.runner.forward(batch, ref_kv), fast.runner.forward(batch, fast_kv)
+        unquantized = float_ref.forward(batch, float_kv)
+        assert relative_error(got, want) <= 2e-3
+        assert relative_error(got, want) < 0.3 * relative_error(want, unquantized)
+    assert fast_kv.k.dtype == torch.int8 and fast_kv.k_scale.dtype == torch.float16
+    codes_differ = (fast_kv.k[:, :32].numpy() != np.stack(ref_kv.k)).mean()
+    assert codes_differ < 1e-2
+
+
+def test_int8_kv_greedy_tokens_identical_to_the_reference_over_a_long_generation():
+    """Four prompts sharing a 40-token prefix (prefix caching on), prefilled in 24-token chunks
+    beside running decodes, 160 greedy tokens each: every token the same on both runners."""
+    ref, fast = int8_pair("bundled")
+    rng = np.random.default_rng(21)
+    prefix = rng.integers(0, ref.config.vocab_size, 40).tolist()
+    prompts = [prefix + rng.integers(0, ref.config.vocab_size, n).tolist() for n in (3, 30, 11, 57)]
+    params = tinyinfer.SamplingParams(temperature=0, max_tokens=160, ignore_eos=True)
+    outputs, hits = [], []
+    for model in (ref, fast):
+        engine = tinyinfer.Engine(model, page_size=8, max_num_batched_tokens=24,
+                                  enable_prefix_caching=True)
+        ids = [engine.add_request(p, params) for p in prompts]
+        traces = []
+        while engine.has_unfinished():
+            traces.append(engine.step())
+        outputs.append([engine.release(i).token_ids for i in ids])
+        hits.append(sum(len(t.prefix_hit_pages) for t in traces))
+        assert any(t.prefill_tokens and t.decode_tokens for t in traces)  # chunks beside decodes
+    assert hits[0] == hits[1] > 0
+    assert outputs[0] == outputs[1]
+    assert all(len(tokens) == 160 for tokens in outputs[0])
+
+
+def test_int8_kv_cache_takes_about_half_the_bytes_of_bf16_and_the_pool_counts_it():
+    """Measured from the cache tensors (codes and scales), and the engine's pool sized by it:
+    the same budget holds 2 hd / (hd + 2) times the pages of a bf16 pool (head dim 64 here)."""
+    bf16 = tinyinfer.load("bundled", runner="torch", device="cpu", dtype="bfloat16")
+    int8 = tinyinfer.load("bundled", runner="torch", device="cpu", dtype="bfloat16", kv_cache_dtype="int8")
+    c, pages, block = bf16.config, 10, 4
+
+    def cache_bytes(model: tinyinfer.Model) -> int:
+        kv = model.runner.new_kv_cache(pages, block)
+        return sum(t.nbytes for t in (kv.k, kv.v, kv.k_scale, kv.v_scale) if t is not None)
+
+    tokens = (pages + 1) * block  # the scratch page too
+    assert cache_bytes(bf16) == tokens * bf16.runner.info.kv_bytes_per_token(c)
+    assert cache_bytes(int8) == tokens * int8.runner.info.kv_bytes_per_token(c)
+    assert cache_bytes(int8) / cache_bytes(bf16) == (c.head_dim + 2) / (2 * c.head_dim) < 0.55
+    full_context = -(-c.max_model_len // block)
+    budget = EngineConfig(page_size=block, max_num_seqs=16,
+                          kv_cache_memory=2 * full_context * bf16.runner.info.kv_bytes_per_token(c) * block)
+    pools = [tinyinfer.Engine(m, budget).pool.num_pages for m in (bf16, int8)]
+    assert pools[0] == 2 * full_context
+    assert pools[1] == budget.kv_cache_memory // (int8.runner.info.kv_bytes_per_token(c) * block) > 1.8 * pools[0]
+
+
+def test_int8_kv_copy_page_copies_codes_and_scales(oracle_model):
+    folder, _ = oracle_model("llama-gqa-untied")
+    runner = tinyinfer.load(folder, runner="torch", device="cpu", kv_cache_dtype="int8").runner
+    kv = runner.new_kv_cache(4, 4)
+    runner.forward(make_batch([(np.arange(1, 7).tolist(), 0, [2, 0], False)], 4), kv)
+    runner.copy_page(kv, 2, 3)
+    for pages in (kv.k, kv.v, kv.k_scale, kv.v_scale):
+        assert torch.equal(pages[:, 3], pages[:, 2]) and pages[:, 2].abs().sum() > 0
+
+
+def test_a_kv_cache_dtype_that_is_not_offered_is_refused_in_one_line(oracle_model):
+    folder, _ = oracle_model("gpt2")
+    for runner in ("numpy", "torch"):
+        with pytest.raises(TinyInferError, match="kv_cache_dtype must be one of auto, int8, got 'fp8'"):
+            tinyinfer.load(folder, runner=runner, device="cpu", kv_cache_dtype="fp8")
+    done = subprocess.run([sys.executable, "-m", "tinyinfer", "generate", "hi", "--kv-cache-dtype", "fp8"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "tinyinfer: error: --kv-cache-dtype: invalid choice fp8 (choose from auto, int8); "
+        "see tinyinfer generate --help"]

@@ -229,3 +229,15 @@ def test_cli_speculative_picks_the_drafter(flags, drafter):
     session = open_session(cli.options_from_args(build_parser().parse_args(["tui", *flags])))
     assert session.source.drafter == drafter
     assert session.speculation.on
+
+
+def test_cli_kv_cache_dtype_reaches_the_model_its_draft_and_a_reload():
+    from tinyinfer.cli.commands import build_parser
+    from tui.session import reload
+
+    args = build_parser().parse_args(["tui", "--kv-cache-dtype", "int8", "--speculative", "draft"])
+    session = open_session(cli.options_from_args(args))
+    model = session.engine.model
+    assert model.runner.info.kv_cache_dtype == "int8"
+    assert session.engine.drafter.model.runner.info.kv_cache_dtype == "int8"
+    assert reload(model, "int8").runner.info.kv_cache_dtype == "int8"

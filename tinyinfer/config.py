@@ -110,9 +110,10 @@ class ModelConfig:
             total += v * d
         return total
 
-    def kv_bytes_per_token(self, bytes_per_value: int = 2) -> int:
-        """Bytes of K and V cache one token occupies across all layers."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_value
+    def kv_bytes_per_token(self, bytes_per_value: int = 2, scale_bytes: int = 0) -> int:
+        """Bytes of K and V cache one token occupies across all layers (``scale_bytes``: a
+        quantized cache's scale per token, KV head and K or V)."""
+        return 2 * self.num_layers * self.num_kv_heads * (self.head_dim * bytes_per_value + scale_bytes)
 
     def validate(self) -> None:
         """Raise ConfigError if the numbers cannot describe a working model."""

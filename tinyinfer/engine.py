@@ -132,7 +132,7 @@ class Engine:
         runner = model.runner
         runner.capture_attention = config.detail == "full"
         info = runner.info
-        self.page_bytes = model.config.kv_bytes_per_token(info.itemsize) * config.page_size
+        self.page_bytes = info.kv_bytes_per_token(model.config) * config.page_size
         self._rank_shares = info.rank_shares  # fixed for the runner's life: read once, not per step
         num_pages = config.num_pages if config.num_pages is not None else self._default_num_pages()
         self.pool = PagePool(num_pages, config.page_size, config.enable_prefix_caching)
@@ -153,8 +153,9 @@ class Engine:
         self._described: set[int] = set()  # token ids whose text a trace carried already
 
     def _default_num_pages(self) -> int:
-        """As many pages as kv_cache_memory pays for at the runner's bytes per value (a bf16 pool
-        gets twice a float32 one's), up to every slot's full context, and at least one context."""
+        """As many pages as kv_cache_memory pays for at the runner's bytes per value, scales
+        included (a bf16 pool gets twice a float32 one's, an int8 one nearly twice a bf16 one's),
+        up to every slot's full context, and at least one context."""
         full_context = math.ceil(self.model.config.max_model_len / self.config.page_size)
         return max(min(self.config.kv_cache_memory // self.page_bytes,
                        self.config.max_num_seqs * full_context), full_context)

@@ -29,7 +29,7 @@ from tinyinfer.quant import (
     quantize_weights,
     read_quant_config,
 )
-from tinyinfer.runners.runner import ModelRunner, make_batch
+from tinyinfer.runners.runner import ModelRunner, check_kv_cache_dtype, make_batch
 from tinyinfer.tokenizer import Tokenizer, from_hf_tokenizer, has_tokenizer_files, load_tokenizer
 from tinyinfer.weights import load_weights
 from tinyinfer.weights.gguf_file import GGUFCheckpoint, is_gguf
@@ -176,7 +176,8 @@ def installed_model(name: str) -> Path:
 
 def load(source: str | Path = "bundled", runner: str = "numpy", device: str | None = None,
          dtype: str | None = None, quantize: str | QuantConfig | None = None,
-         tensor_parallel: int = 1, measure_error: bool = False, **runner_options: Any) -> Model:
+         tensor_parallel: int = 1, measure_error: bool = False, kv_cache_dtype: str = "auto",
+         **runner_options: Any) -> Model:
     """Load a model folder (HF layout) or a bundled model with the chosen runner: the one entry
     point of the CLI, the TUI, the lessons and the server.
 
@@ -188,9 +189,12 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
     weights are at hand (as slow as quantizing again) and keeps it as ``Model.quant_errors``.
     ``tensor_parallel`` > 1 splits the model over that many processes (torch runner), this one
     being rank 0.
+    ``kv_cache_dtype`` "int8" keeps K/V as int8 codes with one float16 scale per token and KV
+    head (either runner); "auto" in the compute dtype.
     """
     if runner not in RUNNERS:
         raise TinyInferError(f"runner must be one of {RUNNERS}, got {runner}")
+    check_kv_cache_dtype(kv_cache_dtype)
     checkpoint = open_checkpoint(source)
     path, name, config, gguf = checkpoint.path, checkpoint.name, checkpoint.config, checkpoint.gguf
     if tensor_parallel != 1:
@@ -204,7 +208,8 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
             from tinyinfer.runners.tp.launch import start_ranks
         except ModuleNotFoundError as exc:
             raise missing_package(exc) or exc from None
-        ranks = start_ranks(config, path, tensor_parallel, device, dtype, **runner_options)
+        ranks = start_ranks(config, path, tensor_parallel, device, dtype,
+                            kv_cache_dtype=kv_cache_dtype, **runner_options)
         try:
             return with_tokenizer(path, name, config, ranks)
         except BaseException:  # no Model to close them later: end the rank processes now
@@ -217,13 +222,15 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
 
         if device not in (None, "cpu"):
             raise TinyInferError("the NumPy runner runs on the CPU only; use the torch runner for GPUs")
-        model_runner: ModelRunner = NumpyRunner(config, weights, dtype=dtype or "float32")
+        model_runner: ModelRunner = NumpyRunner(config, weights, dtype=dtype or "float32",
+                                                kv_cache_dtype=kv_cache_dtype)
     else:
         try:
             from tinyinfer.runners.torch_fast import TorchRunner
         except ModuleNotFoundError as exc:
             raise missing_package(exc) or exc from None
-        model_runner = TorchRunner(config, weights, device=device, dtype=dtype, **runner_options)
+        model_runner = TorchRunner(config, weights, device=device, dtype=dtype,
+                                   kv_cache_dtype=kv_cache_dtype, **runner_options)
     return with_tokenizer(path, name, config, model_runner, quantization, quant_errors, gguf)
 
 

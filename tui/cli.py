@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from tinyinfer.cli.args import add_kv_cache_dtype_arg
 from tinyinfer.cli.common import Parser, add_threads_arg, fail, positive_int
 from tinyinfer.errors import TinyInferError
 from tui.options import Options
@@ -44,6 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--quantize", default=None, metavar="FORMAT",
                         help="load the weights quantized: int8, int4, int4-g64, int4-g32-asym, ... "
                              "(shows the Quantization panel; m switches precision inside)")
+    add_kv_cache_dtype_arg(parser)
     parser.add_argument("--replay", type=Path, default=None, metavar="FILE",
                         help="replay a recorded trace (JSON lines) without loading a model")
     parser.add_argument("--record", type=Path, default=None, metavar="FILE",
@@ -63,6 +65,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
                    speculative=args.speculative is not None,
                    drafter=None if args.speculative == "auto" else args.speculative,
                    draft_model=args.draft_model, num_draft=args.num_draft, quantize=args.quantize,
+                   kv_cache_dtype=args.kv_cache_dtype,
                    replay=args.replay, record=args.record,
                    seed=args.seed, walkthrough=not args.free, show_timings=not args.no_timings)
 

@@ -299,7 +299,7 @@ def compare_models(session: Session, other: str = REAL_MODEL, device: str | None
         ("linear weights", tuple(precision_of(m) for m in models)),
         ("vocabulary", tuple(f"{m.config.vocab_size:,}" for m in models)),
         ("1st prompt in tokens", tuple(str(f.seqs[0].prompt_len or len(f.seqs[0].prompt)) for f in frames)),
-        ("KV bytes per token", tuple(f"{m.config.kv_bytes_per_token(m.runner.info.itemsize):,}"
+        ("KV bytes per token", tuple(f"{m.runner.info.kv_bytes_per_token(m.config):,}"
                                      for m in models)),
         ("1st token, top 2 (T = 1)", tuple(top(p, f, 2) for p, f in zip(first, frames))),
         ("1st answer begins", tuple(answer(f) for f in frames)),

@@ -24,6 +24,7 @@ class Options:
     draft_model: str | None = None  # None: bundled-draft (with the bundled model, or drafter "draft")
     num_draft: int = 4
     quantize: str | None = None  # weight format to load with (int8, int4, ...); None: the scenario's
+    kv_cache_dtype: str = "auto"  # K/V storage: "auto" (the compute dtype) or "int8"
     replay: Path | None = None
     record: Path | None = None
     seed: int = 0

@@ -275,10 +275,12 @@ def normalized(precision: str) -> str:
 
 
 def reload(model: tinyinfer.Model, precision: str, device: str | None = None) -> tinyinfer.Model:
-    """The same checkpoint and runner with linear weights in `precision` ("fp32": unquantized)."""
+    """The same checkpoint, runner and K/V storage with linear weights in `precision` ("fp32":
+    unquantized)."""
     source = model.name if model.name in BUNDLED else model.path
     return tinyinfer.load(source, runner=model.runner.name, device=device,
-                          quantize="none" if precision == "fp32" else precision, measure_error=True)
+                          quantize="none" if precision == "fp32" else precision, measure_error=True,
+                          kv_cache_dtype=model.runner.info.kv_cache_dtype)
 
 
 def load_model(options: Options, quantize: str | None = None) -> tinyinfer.Model:
@@ -288,7 +290,8 @@ def load_model(options: Options, quantize: str | None = None) -> tinyinfer.Model
     split = options.tensor_parallel > 1
     return tinyinfer.load(options.model, runner=options.runner,
                           device=options.device or ("cpu" if split else None), quantize=quantize,
-                          tensor_parallel=options.tensor_parallel, measure_error=True)
+                          tensor_parallel=options.tensor_parallel, measure_error=True,
+                          kv_cache_dtype=options.kv_cache_dtype)
 
 
 def speculation_for(options: Options, model: tinyinfer.Model, on: bool) -> Speculation:
@@ -300,7 +303,8 @@ def speculation_for(options: Options, model: tinyinfer.Model, on: bool) -> Specu
         draft = "bundled-draft"
     if draft is None or options.drafter == "lookup":
         return Speculation(PromptLookupDrafter, "prompt lookup", options.num_draft, on)
-    draft_model = tinyinfer.load(draft, runner=model.runner.name, device=options.device)
+    draft_model = tinyinfer.load(draft, runner=model.runner.name, device=options.device,
+                                 kv_cache_dtype=options.kv_cache_dtype)
     return Speculation(lambda: DraftModelDrafter(draft_model), f"draft model {draft_model.name}",
                        options.num_draft, on)
 

@@ -86,11 +86,13 @@ def random_quantized(shape: tuple[int, int], qconfig: QuantConfig, rng: np.rando
 
 
 def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
-                 with_peer: bool = False, quantize: str | None = None) -> tuple[Model, Any]:
+                 with_peer: bool = False, quantize: str | None = None,
+                 kv_cache_dtype: str = "auto") -> tuple[Model, Any]:
     """Our torch model of a preset shape, and (if asked) a transformers model with the same weights.
 
     ``quantize`` draws the linear layers as random codes of that format (one draw per matrix
     shape, each layer its own copy on the device), the rest of the weights random floats.
+    ``kv_cache_dtype`` is the runner's K/V storage ("auto" or "int8").
     """
     import torch
 
@@ -116,7 +118,7 @@ def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
         for key in [k for k in weights if is_quantized_name(k)]:
             shape = tuple(weights[key].shape)
             weights[key] = drawn.setdefault(shape, random_quantized(shape, qconfig, rng))
-    runner = TorchRunner(config, weights, device=device, dtype=dtype)
+    runner = TorchRunner(config, weights, device=device, dtype=dtype, kv_cache_dtype=kv_cache_dtype)
     return Model(config=config, runner=runner, path=Path(name), name=name, quantization=qconfig), peer
 
 
@@ -161,10 +163,12 @@ def require_transformers() -> None:
 
 
 def folder_models(source: str, runner: str, device: str | None, dtype: str | None,
-                  with_peer: bool, quantize: str | None = None) -> tuple[Model, Any]:
+                  with_peer: bool, quantize: str | None = None,
+                  kv_cache_dtype: str = "auto") -> tuple[Model, Any]:
     """A checkpoint (folder, GGUF file or name) for our runner, quantized as it loads if asked
     (``none``: a quantized file's weights as floats), and transformers on the same files."""
-    model = load(source, runner=runner, device=device, dtype=dtype, quantize=quantize)
+    model = load(source, runner=runner, device=device, dtype=dtype, quantize=quantize,
+                 kv_cache_dtype=kv_cache_dtype)
     peer = None
     if with_peer:
         import torch
@@ -188,6 +192,12 @@ def _sync(device: str) -> None:
 def weights_name(model: Model) -> str:
     """What the weights are: the quantization format, or the float dtype the runner computes in."""
     return model.quantization.name if model.quantization is not None else model.runner.info.dtype
+
+
+def runner_label(model: Model) -> str:
+    """A result's row name: the model and runner, and the K/V storage unless it is the default."""
+    kv = model.runner.info.kv_cache_dtype
+    return f"{model.name} / {model.runner.name}" + (f", {kv} KV" if kv != "auto" else "")
 
 
 def weight_bytes(model: Model) -> int:
@@ -251,12 +261,11 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
                 requests.append(sum(step_times))
             else:
                 warmup_s = sum(step_times)
-    itemsize = model.runner.info.itemsize
-    kv_read = model.config.kv_bytes_per_token(itemsize) * (prompt_tokens + decode_tokens // 2) // ranks
+    kv_read = info.kv_bytes_per_token(model.config) * (prompt_tokens + decode_tokens // 2) // ranks
     bytes_per_step = weight_bytes(model) + kv_read
     tpot = statistics.median(tpots)
     return LatencyResult(
-        label=f"{model.name} / {model.runner.name}", prompt_tokens=prompt_tokens,
+        label=runner_label(model), prompt_tokens=prompt_tokens,
         decode_tokens=decode_tokens, ttft_ms=1e3 * statistics.median(ttfts),
         tpot_p50_ms=1e3 * tpot, tpot_p95_ms=1e3 * float(np.percentile(tpots, 95)),
         decode_tokens_per_s=1 / tpot, bytes_per_step=bytes_per_step, bandwidth=bandwidth,
@@ -373,7 +382,7 @@ def bench_throughput(model: Model, workload: list[Request], max_num_seqs: int = 
             advance(len(engine.step().finished))
     seconds = time.perf_counter() - start
     tokens = sum(len(engine.release(i).token_ids) for i in ids)
-    return ThroughputResult(f"{model.name} / {model.runner.name}", len(workload), tokens, seconds,
+    return ThroughputResult(runner_label(model), len(workload), tokens, seconds,
                             tokens / seconds, weights_name(model), warmup_s)
 
 
@@ -387,7 +396,7 @@ def _pages_for(model: Model, workload: list[Request], max_num_seqs: int, kv_frac
     import torch
 
     free, _ = torch.cuda.mem_get_info()
-    page_bytes = model.config.kv_bytes_per_token(model.runner.info.itemsize) * block
+    page_bytes = model.runner.info.kv_bytes_per_token(model.config) * block
     return max(-(-longest // block), min(wanted, int(kv_fraction * free) // page_bytes))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from tinyinfer.cli.common import add_threads_arg, positive_int
+from tinyinfer.runners.runner import KV_CACHE_DTYPES
 
 
 def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") -> None:
@@ -27,7 +28,15 @@ def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") ->
     parser.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
                         help="split the model over N processes (GPUs with NCCL, CPU with gloo); "
                              "torch runner")
+    add_kv_cache_dtype_arg(parser)
     add_threads_arg(parser)
+
+
+def add_kv_cache_dtype_arg(parser: argparse.ArgumentParser) -> None:
+    """`--kv-cache-dtype auto|int8`, as vLLM spells it (the model commands and the TUI)."""
+    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                        help="how K/V are stored: auto = the compute dtype, int8 = int8 codes with "
+                             "a float16 scale per token and KV head (about half of 16-bit's bytes)")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -62,4 +71,5 @@ def load_model(args: argparse.Namespace):
     import tinyinfer
 
     return tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype,
-                          quantize=args.quantize, tensor_parallel=args.tensor_parallel)
+                          quantize=args.quantize, tensor_parallel=args.tensor_parallel,
+                          kv_cache_dtype=args.kv_cache_dtype)

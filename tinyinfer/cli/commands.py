@@ -150,15 +150,16 @@ def _bench_shapes(args: argparse.Namespace) -> int:
             if args.quantize:
                 raise TinyInferError("tensor parallelism shards float weights: drop --quantize or "
                                      "--tensor-parallel")
-            model, peer = bs.shape_tensor_parallel(args.preset, args.tensor_parallel, device, dtype), None
+            model, peer = bs.shape_tensor_parallel(args.preset, args.tensor_parallel, device, dtype,
+                                                   kv_cache_dtype=args.kv_cache_dtype), None
         else:
             model, peer = bs.shape_models(args.preset, device, dtype, with_peer=with_peer,
-                                          quantize=args.quantize)
+                                          quantize=args.quantize, kv_cache_dtype=args.kv_cache_dtype)
     elif args.tensor_parallel > 1:
         model, peer = load_model(args), None
     else:
         model, peer = bs.folder_models(args.model, args.runner, args.device, args.dtype, with_peer,
-                                       quantize=args.quantize)
+                                       quantize=args.quantize, kv_cache_dtype=args.kv_cache_dtype)
     print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)
     if args.peer == "llama.cpp" and not is_gguf(model.path):
         raise TinyInferError(f"--peer llama.cpp runs GGUF files; {model.name} is a model folder")
@@ -255,7 +256,8 @@ def make_drafter(args: argparse.Namespace):
         return PromptLookupDrafter()
     if args.speculative == "draft":
         draft = tinyinfer.load(args.draft_model, runner=args.runner, device=args.device,
-                               dtype=args.dtype, quantize=args.quantize)
+                               dtype=args.dtype, quantize=args.quantize,
+                               kv_cache_dtype=args.kv_cache_dtype)
         return DraftModelDrafter(draft)
     return None
 
@@ -311,8 +313,10 @@ def cmd_info(args: argparse.Namespace) -> int:
                                   f"({r.bits_per_parameter:.2f} bits/param)")
           for r in weight_memory_table(c)],
         ("KV cache per token", f"{human_bytes(c.kv_bytes_per_token(2))} at 16-bit, "
-                               f"{human_bytes(c.kv_bytes_per_token(4))} at fp32"),
-        ("KV cache, full context", human_bytes(c.kv_bytes_per_token(2) * c.max_model_len) + " at 16-bit"),
+                               f"{human_bytes(c.kv_bytes_per_token(4))} at fp32, "
+                               f"{human_bytes(c.kv_bytes_per_token(1, 2))} at int8 (scales included)"),
+        ("KV cache, full context", human_bytes(c.kv_bytes_per_token(2) * c.max_model_len) + " at 16-bit, "
+                                   + human_bytes(c.kv_bytes_per_token(1, 2) * c.max_model_len) + " at int8"),
     ]
     if saved is not None:
         rows.append(("quantized as", saved.name))

@@ -19,6 +19,7 @@ from tinyinfer.runners.runner import (
     RankTiming,
     RunnerInfo,
     TopLogits,
+    check_kv_cache_dtype,
     top_logits,
 )
 
@@ -158,19 +159,20 @@ class NumpyKVCache:
 
 
 class NumpyRunner:
-    """Reference runner: float32 by default, float64 on request."""
+    """Reference runner: float32 by default, float64 on request; K/V in that dtype, or int8
+    codes with float16 scales (``kv_cache_dtype="int8"``)."""
 
     name = "numpy"
     PLUG_POINTS = ("mlp_block",)  # a method the forward pass calls through self (lesson 02)
 
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray | QuantizedWeight],
-                 dtype: str = "float32", kv_int8: bool = False):
+                 dtype: str = "float32", kv_cache_dtype: str = "auto"):
         if dtype not in ("float32", "float64"):
             raise TinyInferError(f"the NumPy runner computes in float32 or float64, not {dtype}: "
                                  "pass --dtype float32 or float64 (or use --runner torch)")
         self.config = config
         self.dtype = np.dtype(dtype)
-        self.kv_int8 = kv_int8
+        self.kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype)
         # Opt-in detail for UIs: per sequence of the last batch, per layer, the attention
         # weights [H, N] of its last query row.
         self.capture_attention = False
@@ -183,14 +185,16 @@ class NumpyRunner:
 
     @property
     def info(self) -> RunnerInfo:
+        int8 = self.kv_cache_dtype == "int8"
         return RunnerInfo(name=self.name, dtype=self.dtype.name, device="cpu",
-                          itemsize=1 if self.kv_int8 else self.dtype.itemsize,  # int8: scales not counted
-                          weight_bytes=sum(w.nbytes for w in self.w.values()))
+                          itemsize=1 if int8 else self.dtype.itemsize,
+                          weight_bytes=sum(w.nbytes for w in self.w.values()),
+                          kv_cache_dtype=self.kv_cache_dtype, kv_scale_bytes=2 if int8 else 0)
 
     def new_kv_cache(self, num_pages: int, page_size: int) -> NumpyKVCache:
         c = self.config
         shape = (num_pages, page_size, c.num_kv_heads, c.head_dim)
-        if self.kv_int8:
+        if self.kv_cache_dtype == "int8":
             return NumpyKVCache(
                 k=[np.zeros(shape, np.int8) for _ in range(c.num_layers)],
                 v=[np.zeros(shape, np.int8) for _ in range(c.num_layers)],

@@ -18,7 +18,12 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from tinyinfer.config import ModelConfig
+from tinyinfer.errors import TinyInferError
 from tinyinfer.sampling import top_and_logsumexp
+
+# How K/V are stored: "auto" in the runner's compute dtype; "int8" as int8 codes with one
+# float16 scale per token and KV head (quant.quantize_kv), about half of 16-bit's bytes.
+KV_CACHE_DTYPES = ("auto", "int8")
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,21 @@ class RunnerInfo:
     weight_bytes: int  # weights one decode step streams (tensor parallelism: rank 0's shard)
     tensor_parallel: int = 1  # ranks the model is split over
     rank_shares: tuple[RankShare, ...] = ()  # who owns which heads (one rank: empty)
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
+    kv_scale_bytes: int = 0  # bytes of scale per token, KV head and K or V (int8 K/V: 2)
+
+    def kv_bytes_per_token(self, config: ModelConfig) -> int:
+        """Bytes of K and V one token takes in this runner's cache, all layers, scales included."""
+        return config.kv_bytes_per_token(self.itemsize, self.kv_scale_bytes)
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str) -> str:
+    """The K/V storage asked for, if it is one of KV_CACHE_DTYPES; else a TinyInferError."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise TinyInferError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
+                             f"{kv_cache_dtype!r}: pass int8 for an int8 K/V cache, auto for the "
+                             "compute dtype")
+    return kv_cache_dtype
 
 
 def top_logits(logits: np.ndarray, k: int) -> TopLogits:

@@ -5,7 +5,8 @@ Same function as ``numpy_ref.NumpyRunner``, arranged for speed:
 * weights go to the device once, in the compute dtype (bf16 on CUDA by default), with
   q/k/v fused into one projection and gate/up into another, so each is one matrix product;
 * K/V live in paged device tensors ``[layers, pages + 1, S, Hkv, hd]`` (the extra page is
-  scratch for padded CUDA-graph rows);
+  scratch for padded CUDA-graph rows), in the compute dtype or (``kv_cache_dtype="int8"``) as
+  int8 codes with one float16 scale per token and KV head, quantized as they are written;
 * one forward per mixed batch: prefill chunks attend with ``scaled_dot_product_attention``
   per sequence; all decoding sequences attend together, reading pages through their block
   tables (a Triton kernel on CUDA, a gather + mask elsewhere);
@@ -31,7 +32,7 @@ from tinyinfer.quant import QuantizedWeight
 from tinyinfer.display import progress
 from tinyinfer.errors import TinyInferError
 from tinyinfer.runners import torch_layers as layers
-from tinyinfer.runners.runner import Batch, RankTiming, RunnerInfo, TopLogits
+from tinyinfer.runners.runner import Batch, RankTiming, RunnerInfo, TopLogits, check_kv_cache_dtype
 from tinyinfer.runners.torch_graphs import DecodeGraphs
 from tinyinfer.runners.torch_weights import DeviceWeights, pick_device, pick_dtype
 
@@ -46,7 +47,16 @@ class TorchKVCache:
     k: Tensor  # [L, P + 1, S, Hkv, hd]; page P is scratch for padded decode rows
     v: Tensor
     page_size: int
+    # int8 K/V: k and v hold int8 codes, these one float16 scale per token and KV head
+    k_scale: Tensor | None = None  # [L, P + 1, S, Hkv]
+    v_scale: Tensor | None = None
     graphs: DecodeGraphs | None = field(default=None, repr=False)
+
+    def layer_scales(self, layer: int) -> dict[str, Tensor]:
+        """One layer's scales as keyword arguments of the attention functions (none unless int8)."""
+        if self.k_scale is None or self.v_scale is None:
+            return {}
+        return {"k_scale": self.k_scale[layer], "v_scale": self.v_scale[layer]}
 
     @property
     def num_pages(self) -> int:
@@ -93,8 +103,9 @@ class TorchRunner:
                  device: str | None = None, dtype: str | None = None,
                  compile: bool | None = None, cuda_graphs: bool | None = None,
                  decode_attention: str = "auto", max_graph_batch: int = 128,
-                 quant_kernel: str = "auto"):
+                 quant_kernel: str = "auto", kv_cache_dtype: str = "auto"):
         self.config = config
+        self.kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype)
         self.device = pick_device(device)
         on_cuda = self.device.type == "cuda"
         int4 = any(isinstance(w, QuantizedWeight) and w.config.bits == 4 for w in weights.values())
@@ -157,11 +168,12 @@ class TorchRunner:
         return choice if usable else "torch"
 
     def describe(self) -> dict[str, Any]:
-        """What the runner chose: device, dtype, compile, CUDA graphs, decode attention, and the
-        quantized products' kernels."""
+        """What the runner chose: device, dtype, K/V storage, compile, CUDA graphs, decode
+        attention, and the quantized products' kernels."""
         return {
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "kv_cache_dtype": self.kv_cache_dtype,
             "compile": self.compile,
             "cuda_graphs": self.cuda_graphs,
             "decode_attention": self.decode_attention_kind,
@@ -172,14 +184,23 @@ class TorchRunner:
 
     @property
     def info(self) -> RunnerInfo:
+        int8 = self.kv_cache_dtype == "int8"
         return RunnerInfo(name=self.name, dtype=str(self.dtype).removeprefix("torch."),
-                          device=str(self.device), itemsize=self.dtype.itemsize,
-                          weight_bytes=self.w.streamed_bytes())
+                          device=str(self.device), itemsize=1 if int8 else self.dtype.itemsize,
+                          weight_bytes=self.w.streamed_bytes(), kv_cache_dtype=self.kv_cache_dtype,
+                          kv_scale_bytes=2 if int8 else 0)
 
     def new_kv_cache(self, num_pages: int, page_size: int) -> TorchKVCache:
-        """K/V pages on the device, plus one scratch page."""
+        """K/V pages on the device, plus one scratch page (int8 K/V: codes and their scales)."""
         c = self.config
         shape = (c.num_layers, num_pages + 1, page_size, c.num_kv_heads, c.head_dim)
+        if self.kv_cache_dtype == "int8":
+            def zeros(size: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+                return torch.zeros(size, dtype=dtype, device=self.device)
+
+            return TorchKVCache(k=zeros(shape, torch.int8), v=zeros(shape, torch.int8),
+                                page_size=page_size, k_scale=zeros(shape[:-1], torch.float16),
+                                v_scale=zeros(shape[:-1], torch.float16))
         return TorchKVCache(k=torch.zeros(shape, dtype=self.dtype, device=self.device),
                             v=torch.zeros(shape, dtype=self.dtype, device=self.device),
                             page_size=page_size)
@@ -189,8 +210,9 @@ class TorchRunner:
         tensor-parallel runner's to close)."""
 
     def copy_page(self, kv_cache: TorchKVCache, src: int, dst: int) -> None:
-        kv_cache.k[:, dst].copy_(kv_cache.k[:, src])
-        kv_cache.v[:, dst].copy_(kv_cache.v[:, src])
+        for pages in (kv_cache.k, kv_cache.v, kv_cache.k_scale, kv_cache.v_scale):
+            if pages is not None:
+                pages[:, dst].copy_(pages[:, src])
 
     def forward(self, batch: Batch, kv_cache: TorchKVCache) -> np.ndarray:
         """Run one mixed batch; write its K/V into the pages; return float32 logits [R, V]."""
@@ -249,10 +271,11 @@ class TorchRunner:
         """Decode rows attend together through their page tables; prefill chunks one by one."""
         c = self.config
         k_cache, v_cache = kv.k[layer], kv.v[layer]  # [P + 1, S, Hkv, hd]
+        scales = kv.layer_scales(layer)  # int8 K/V: k_scale, v_scale [P + 1, S, Hkv]
 
         def decode(qkv_rows: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
             return self.decode_attention(qkv_rows, positions, slots, step.decode_tables, k_cache,
-                                         v_cache, self.cos, self.sin, c.num_heads)
+                                         v_cache, self.cos, self.sin, c.num_heads, **scales)
 
         if not step.prefills:
             return decode(qkv, step.positions, step.slots)
@@ -266,9 +289,9 @@ class TorchRunner:
             if self.cos is not None and self.sin is not None:
                 cos, sin = self.cos[positions], self.sin[positions]
                 q, k = layers.apply_rope(q, cos, sin), layers.apply_rope(k, cos, sin)
-            layers.write_kv(k_cache, v_cache, step.slots[chunk.rows], k, v)
+            layers.write_kv(k_cache, v_cache, step.slots[chunk.rows], k, v, **scales)
             attended = layers.prefill_attention(q, k, v, positions, k_cache, v_cache, chunk.pages,
-                                                chunk.context_len)
+                                                chunk.context_len, **scales)
             out[chunk.rows] = attended.flatten(1)
         return out
 

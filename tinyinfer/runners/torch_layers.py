@@ -233,26 +233,63 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
 
 
-def write_kv(k_cache: Tensor, v_cache: Tensor, slots: Tensor, k: Tensor, v: Tensor) -> None:
-    """Store new tokens' K/V at their slots.  caches: [P, S, Hkv, hd], k, v: [T, Hkv, hd]."""
+def quantize_kv(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``quant.quantize_kv`` in torch, with the same rounding: int8 codes and one float16 scale per
+    token and head (amax / 127, rounded up to float16).  x: [T, Hkv, hd] -> int8 [T, Hkv, hd], [T, Hkv]."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1) / 127  # [T, Hkv]
+    half = scale.to(torch.float16)
+    # Round up: a float16 that fell below the float32 scale moves one step up (its bits + 1).
+    up = (half.view(torch.int16) + 1).view(torch.float16)
+    half = torch.where(half.float() < scale, up, half)
+    s = half.float()[..., None]
+    steps = torch.where(s > 0, xf / torch.where(s > 0, s, 1.0), 0.0)
+    return steps.round().clamp(-127, 127).to(torch.int8), half
+
+
+def dequantize_kv(codes: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
+    """Undo quantize_kv.  codes: [..., hd] int8, scales: [...] float16 -> [..., hd] in dtype."""
+    return (codes.float() * scales.float()[..., None]).to(dtype)
+
+
+def write_kv(k_cache: Tensor, v_cache: Tensor, slots: Tensor, k: Tensor, v: Tensor,
+             k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> None:
+    """Store new tokens' K/V at their slots.  caches: [P, S, Hkv, hd], k, v: [T, Hkv, hd].
+
+    int8 K/V (scales [P, S, Hkv] given): k and v are quantized as they are written."""
+    if k_scale is not None and v_scale is not None:
+        (k, k_s), (v, v_s) = quantize_kv(k), quantize_kv(v)
+        k_scale.view(-1, k_scale.shape[2]).index_copy_(0, slots, k_s)
+        v_scale.view(-1, v_scale.shape[2]).index_copy_(0, slots, v_s)
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
 
 
+def read_pages(cache: Tensor, scale: Tensor | None, index: Tensor, dtype: torch.dtype) -> Tensor:
+    """cache[index] as values in dtype: int8 codes (scale given) dequantized.
+    cache: [P, S, Hkv, hd], scale: [P, S, Hkv], index: page ids of any shape -> [*index, S, Hkv, hd]."""
+    if scale is None:
+        return cache[index]
+    return dequantize_kv(cache[index], scale[index], dtype)
+
+
 def prefill_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, k_cache: Tensor,
-                      v_cache: Tensor, pages: Tensor, context_len: int) -> Tensor:
+                      v_cache: Tensor, pages: Tensor, context_len: int,
+                      k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> Tensor:
     """Causal attention of one sequence's new queries over its whole context.
 
     q: [Tq, H, hd] at `positions`; k, v: [Tq, Hkv, hd], already written to the cache.
     A chunk that is the whole context attends to its own k, v; a later chunk gathers
-    the earlier keys from its pages.  A query at position p sees keys 0..p.  -> [Tq, H, hd].
+    the earlier keys from its pages, and so does every chunk with int8 K/V (scales
+    [P, S, Hkv] given), which attends to K/V as stored.  A query at position p sees keys 0..p.
+    -> [Tq, H, hd].
     """
     num_new = q.shape[0]
-    if context_len == num_new:
+    if context_len == num_new and k_scale is None:
         keys, values, mask = k, v, None
     else:
-        keys = k_cache[pages].flatten(0, 1)[:context_len]  # [N, Hkv, hd]
-        values = v_cache[pages].flatten(0, 1)[:context_len]
+        keys = read_pages(k_cache, k_scale, pages, q.dtype).flatten(0, 1)[:context_len]  # [N, Hkv, hd]
+        values = read_pages(v_cache, v_scale, pages, q.dtype).flatten(0, 1)[:context_len]
         mask = torch.arange(context_len, device=q.device)[None, :] <= positions[:, None]  # [Tq, N]
     group = q.shape[1] // keys.shape[1]
     keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [H, N, hd]
@@ -264,11 +301,13 @@ def prefill_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, k_cach
 
 def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_tables: Tensor,
                            k_cache: Tensor, v_cache: Tensor, cos_table: Tensor | None,
-                           sin_table: Tensor | None, num_heads: int) -> Tensor:
+                           sin_table: Tensor | None, num_heads: int,
+                           k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> Tensor:
     """One new token per sequence: rotate, store K/V, attend over its pages (gather + mask).
 
     qkv: [B, (H + 2 Hkv) hd], positions/slots: [B], page_tables: [B, W] page ids,
-    caches: [P, S, Hkv, hd], cos/sin tables: [max_len, hd/2] (None without RoPE).
+    caches: [P, S, Hkv, hd], cos/sin tables: [max_len, hd/2] (None without RoPE);
+    int8 K/V: int8 caches and their scales [P, S, Hkv], read back dequantized.
     The token at position p sees keys 0..p.  -> [B, H hd].
     The Triton kernel in torch_triton.py computes the same thing without the gather.
     """
@@ -278,9 +317,9 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
     if cos_table is not None and sin_table is not None:  # q and k turn together: one rotation
         qk = apply_rope(torch.cat([q, k], dim=1), cos_table[positions], sin_table[positions])
         q, k = qk[:, :num_heads], qk[:, num_heads:]
-    write_kv(k_cache, v_cache, slots, k, v)
-    keys = k_cache[page_tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, N = W S, hd]
-    values = v_cache[page_tables].flatten(1, 2).transpose(1, 2)
+    write_kv(k_cache, v_cache, slots, k, v, k_scale, v_scale)
+    keys = read_pages(k_cache, k_scale, page_tables, torch.float32).flatten(1, 2).transpose(1, 2)  # [B, Hkv, N = W S, hd]
+    values = read_pages(v_cache, v_scale, page_tables, torch.float32).flatten(1, 2).transpose(1, 2)
     seen = torch.arange(keys.shape[2], device=qkv.device)[None, :] <= positions[:, None]  # [B, N]
     out = F.scaled_dot_product_attention(  # [B, H, 1, hd]; each query head reads its group's K/V
         q[:, :, None].float(), keys.float(), values.float(), attn_mask=seen[:, None, None, :],

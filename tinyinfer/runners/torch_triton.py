@@ -15,6 +15,14 @@ Scores and weighted sums run on the matrix units (``tl.dot``): the query heads t
 KV head form the rows, padded to 16. Each head is handled as its two RoPE halves, so only the
 halves need padding to a power of two. The new token is scored from registers rather than
 read back from the cache, so no program reads memory it has just written.
+
+With int8 K/V (``KV_INT8``), the first split quantizes the new k and v as ``quant.quantize_kv``
+does (one float16 scale per token and KV head, rounded up; codes rounded half to even) and the
+new token is scored as stored; earlier keys and values are read as int8 codes, converted to the
+compute dtype in registers, and multiplied by their scales. A key's scale is one number per
+(token, KV head), so it multiplies the key's column of scores after the dot product, and a
+value's scale multiplies the softmax weight that meets it: codes × scale, without a
+dequantized tile.
 """
 
 from __future__ import annotations
@@ -26,16 +34,38 @@ from torch import Tensor
 
 KEY_TILE_ELEMENTS = 4096  # keys x half head dim loaded per step, per K/V half
 MAX_SPLITS = 16
+# 1.5 * 2**23: (x + ROUNDING) - ROUNDING rounds a float32 |x| < 2**22 to an integer, half to even
+# (as NumPy and torch round), in the interpreter too, which has no libdevice rint.
+ROUNDING = tl.constexpr(12582912.0)
+
+
+@triton.jit
+def _quantize_int8(x1, x2, d_ok):
+    """One token-head's int8 codes and float16 scale, as quant.quantize_kv: the scale is amax / 127
+    rounded up to float16.  x1, x2: [HALF_P] float32 halves -> (codes1, codes2 int8, scale fp16)."""
+    amax = tl.maximum(tl.max(tl.where(d_ok, tl.abs(x1), 0.0), 0),
+                      tl.max(tl.where(d_ok, tl.abs(x2), 0.0), 0))
+    scale = tl.div_rn(amax, 127.0)
+    half = scale.to(tl.float16)
+    up = (half.to(tl.int16, bitcast=True) + 1).to(tl.float16, bitcast=True)  # the next float16
+    half = tl.where(half.to(tl.float32) < scale, up, half)
+    s = half.to(tl.float32)
+    safe = tl.where(s > 0, s, 1.0)
+    steps1 = tl.where(s > 0, tl.div_rn(x1, safe), 0.0)
+    steps2 = tl.where(s > 0, tl.div_rn(x2, safe), 0.0)
+    codes1 = tl.minimum(tl.maximum((steps1 + ROUNDING) - ROUNDING, -127.0), 127.0)
+    codes2 = tl.minimum(tl.maximum((steps2 + ROUNDING) - ROUNDING, -127.0), 127.0)
+    return codes1.to(tl.int8), codes2.to(tl.int8), half
 
 
 @triton.jit
 def _paged_decode_kernel(
     qkv_ptr, out_ptr, part_acc_ptr, part_ml_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
-    positions_ptr, slots_ptr, block_tables_ptr,
+    positions_ptr, slots_ptr, block_tables_ptr, k_scale_ptr, v_scale_ptr,
     qkv_row_stride, block_table_row_stride, scale,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     GROUP_P: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ROPE: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ROPE: tl.constexpr, KV_INT8: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -65,25 +95,42 @@ def _paged_decode_kernel(
         q1, q2 = q1 * cos[None, :] - q2 * sin[None, :], q2 * cos[None, :] + q1 * sin[None, :]
         k1, k2 = k1 * cos - k2 * sin, k2 * cos + k1 * sin
 
-    # q, k and v rounded to the cache dtype, as the matrix units and the cache will see them;
-    # the new token's K/V stored once (by split 0).
-    cache_dtype = k_cache_ptr.dtype.element_ty
-    q1, q2 = q1.to(cache_dtype), q2.to(cache_dtype)
-    k1, k2 = k1.to(cache_dtype), k2.to(cache_dtype)
-    v1, v2 = v1.to(cache_dtype), v2.to(cache_dtype)
-    slot_at = tl.load(slots_ptr + seq) * (NUM_KV_HEADS * head_dim) + kv_head * head_dim + d
-    tl.store(k_cache_ptr + slot_at, k1, mask=d_ok & first)
-    tl.store(k_cache_ptr + slot_at + HALF, k2, mask=d_ok & first)
-    tl.store(v_cache_ptr + slot_at, v1, mask=d_ok & first)
-    tl.store(v_cache_ptr + slot_at + HALF, v2, mask=d_ok & first)
+    # q, k and v rounded to the compute dtype, as the matrix units and the cache will see them;
+    # the new token's K/V stored once (by split 0): int8 K/V quantizes them first, and the new
+    # token is scored and weighted as stored (codes x scale).
+    dtype = qkv_ptr.dtype.element_ty
+    q1, q2 = q1.to(dtype), q2.to(dtype)
+    k1, k2 = k1.to(dtype), k2.to(dtype)
+    v1, v2 = v1.to(dtype), v2.to(dtype)
+    slot = tl.load(slots_ptr + seq)
+    slot_at = slot * (NUM_KV_HEADS * head_dim) + kv_head * head_dim + d
+    if KV_INT8:
+        kc1, kc2, k_half = _quantize_int8(k1.to(tl.float32), k2.to(tl.float32), d_ok)
+        vc1, vc2, v_half = _quantize_int8(v1.to(tl.float32), v2.to(tl.float32), d_ok)
+        tl.store(k_cache_ptr + slot_at, kc1, mask=d_ok & first)
+        tl.store(k_cache_ptr + slot_at + HALF, kc2, mask=d_ok & first)
+        tl.store(v_cache_ptr + slot_at, vc1, mask=d_ok & first)
+        tl.store(v_cache_ptr + slot_at + HALF, vc2, mask=d_ok & first)
+        tl.store(k_scale_ptr + slot * NUM_KV_HEADS + kv_head, k_half, mask=first)
+        tl.store(v_scale_ptr + slot * NUM_KV_HEADS + kv_head, v_half, mask=first)
+        k_s, v_s = k_half.to(tl.float32), v_half.to(tl.float32)
+        new_k1, new_k2 = kc1.to(tl.float32) * k_s, kc2.to(tl.float32) * k_s
+        new_v1, new_v2 = vc1.to(tl.float32) * v_s, vc2.to(tl.float32) * v_s
+    else:
+        tl.store(k_cache_ptr + slot_at, k1, mask=d_ok & first)
+        tl.store(k_cache_ptr + slot_at + HALF, k2, mask=d_ok & first)
+        tl.store(v_cache_ptr + slot_at, v1, mask=d_ok & first)
+        tl.store(v_cache_ptr + slot_at + HALF, v2, mask=d_ok & first)
+        new_k1, new_k2 = k1.to(tl.float32), k2.to(tl.float32)
+        new_v1, new_v2 = v1.to(tl.float32), v2.to(tl.float32)
 
     # Online softmax state per query head: split 0 starts from the new token, others from nothing.
-    s_new = (tl.sum(q1.to(tl.float32) * k1.to(tl.float32)[None, :], 1)
-             + tl.sum(q2.to(tl.float32) * k2.to(tl.float32)[None, :], 1)) * scale
+    s_new = (tl.sum(q1.to(tl.float32) * new_k1[None, :], 1)
+             + tl.sum(q2.to(tl.float32) * new_k2[None, :], 1)) * scale
     m = tl.where(first, s_new, float("-inf"))  # [G] running max score
     l = tl.where(first, 1.0, 0.0) + tl.zeros([GROUP_P], tl.float32)  # sum of exp(score - m)
-    acc1 = tl.zeros([GROUP_P, HALF_P], tl.float32) + tl.where(first, v1.to(tl.float32), 0.0)[None, :]
-    acc2 = tl.zeros([GROUP_P, HALF_P], tl.float32) + tl.where(first, v2.to(tl.float32), 0.0)[None, :]
+    acc1 = tl.zeros([GROUP_P, HALF_P], tl.float32) + tl.where(first, new_v1, 0.0)[None, :]
+    acc2 = tl.zeros([GROUP_P, HALF_P], tl.float32) + tl.where(first, new_v2, 0.0)[None, :]
 
     # This split's share of the earlier tokens 0..pos-1 (whole blocks of BLOCK_N, so short
     # contexts use fewer splits), read through the page table. A while loop, not
@@ -100,18 +147,23 @@ def _paged_decode_kernel(
         at = (page * PAGE_SIZE + n % PAGE_SIZE) * (NUM_KV_HEADS * head_dim) + kv_head * head_dim
         nd_at = at[:, None] + d[None, :]  # [BLOCK_N, half]
         nd_ok = n_ok[:, None] & d_ok[None, :]
-        kb1 = tl.load(k_cache_ptr + nd_at, mask=nd_ok, other=0.0)
-        kb2 = tl.load(k_cache_ptr + nd_at + HALF, mask=nd_ok, other=0.0)
-        vb1 = tl.load(v_cache_ptr + nd_at, mask=nd_ok, other=0.0)
-        vb2 = tl.load(v_cache_ptr + nd_at + HALF, mask=nd_ok, other=0.0)
+        kb1 = tl.load(k_cache_ptr + nd_at, mask=nd_ok, other=0).to(dtype)
+        kb2 = tl.load(k_cache_ptr + nd_at + HALF, mask=nd_ok, other=0).to(dtype)
+        vb1 = tl.load(v_cache_ptr + nd_at, mask=nd_ok, other=0).to(dtype)
+        vb2 = tl.load(v_cache_ptr + nd_at + HALF, mask=nd_ok, other=0).to(dtype)
         s = tl.dot(q1, tl.trans(kb1), input_precision="ieee")
         s = tl.dot(q2, tl.trans(kb2), s, input_precision="ieee") * scale
+        scale_at = (page * PAGE_SIZE + n % PAGE_SIZE) * NUM_KV_HEADS + kv_head  # int8 K/V's scales
+        if KV_INT8:  # each key's scale multiplies its column of scores
+            s = s * tl.load(k_scale_ptr + scale_at, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         s = tl.where(n_ok[None, :], s, float("-inf"))  # [G, BLOCK_N]
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
-        p = p.to(cache_dtype)
+        if KV_INT8:  # each value's scale multiplies the weights that meet it
+            p = p * tl.load(v_scale_ptr + scale_at, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        p = p.to(dtype)
         acc1 = tl.dot(p, vb1, acc1 * alpha[:, None], input_precision="ieee")
         acc2 = tl.dot(p, vb2, acc2 * alpha[:, None], input_precision="ieee")
         m = m_new
@@ -159,11 +211,13 @@ def default_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
 def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_tables: Tensor,
                            k_cache: Tensor, v_cache: Tensor, cos_table: Tensor | None,
                            sin_table: Tensor | None, num_heads: int,
-                           num_splits: int | None = None) -> Tensor:
+                           num_splits: int | None = None, k_scale: Tensor | None = None,
+                           v_scale: Tensor | None = None) -> Tensor:
     """Same contract as ``torch_layers.paged_decode_attention``, in Triton.
 
     qkv: [B, (H + 2 Hkv) hd] (rows contiguous), positions/slots: [B] int64,
-    page_tables: [B, W] int, caches: [P, S, Hkv, hd] contiguous.  -> [B, H hd].
+    page_tables: [B, W] int, caches: [P, S, Hkv, hd] contiguous (int8 K/V: int8 caches and
+    their float16 scales [P, S, Hkv], contiguous).  -> [B, H hd].
     num_splits (a power of two) splits each context across programs; None picks by GPU size.
     """
     batch = qkv.shape[0]
@@ -181,14 +235,15 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
     part_ml = torch.empty((parts, 2) if num_splits > 1 else (1,), dtype=torch.float32,
                           device=qkv.device)
     rope = cos_table is not None
+    int8 = k_scale is not None and v_scale is not None
     _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
         qkv, out, part_acc, part_ml, k_cache, v_cache,
         cos_table if rope else qkv, sin_table if rope else qkv,
-        positions, slots, page_tables,
+        positions, slots, page_tables, k_scale if int8 else k_cache, v_scale if int8 else v_cache,
         qkv.stride(0), page_tables.stride(0), head_dim ** -0.5,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_P=group_p,
         HALF=half, HALF_P=half_p, PAGE_SIZE=page_size, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, ROPE=rope, num_warps=4,
+        NUM_SPLITS=num_splits, ROPE=rope, KV_INT8=int8, num_warps=4,
     )
     if num_splits > 1:
         _merge_splits_kernel[(batch * num_heads,)](

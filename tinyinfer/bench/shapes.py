@@ -100,6 +100,9 @@ def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
     from tinyinfer.runners.torch_weights import random_weights
     from tinyinfer.weights import map_weights
 
+    if quantize_head and not quantize:
+        raise TinyInferError("--quantize-head stores the embedding and LM head in the blocks' "
+                             "format: name one with --quantize (e.g. int8 or int4)")
     config, raw = shape_config(name, max_len)
     # Weights are built once and fused once (q|k|v, gate|up): about two copies at the peak.
     _check_memory(name, config.num_parameters * (4 if dtype == "float32" else 2) * (3 if with_peer else 2),
@@ -112,9 +115,6 @@ def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
     else:
         weights = random_weights(config, device, dtype)
     qconfig = None
-    if quantize_head and not quantize:
-        raise TinyInferError("--quantize-head stores the embedding and LM head in the blocks' "
-                             "format: name one with --quantize (e.g. int8 or int4)")
     if quantize:
         qconfig = QuantConfig.parse(quantize)
         qconfig = dataclasses.replace(qconfig, head=qconfig.head or quantize_head)

@@ -52,7 +52,8 @@ class QuantizationError(TinyInferError):
 
 
 def is_quantized_name(name: str) -> bool:
-    """Whether a runner weight name is a block's linear layer, the weights quantization applies to."""
+    """Whether a runner weight name is a block's linear layer: what every quantized format stores
+    quantized (``QuantConfig.applies_to`` adds the embedding and LM head with ``head``)."""
     parts = name.split(".")
     return parts[0] == "layers" and parts[-1] == "weight" and parts[-2] in LINEAR_NAMES
 

@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python scripts/gpu_quant_bench.py               # JSON to $OUT/gpu_quant_bench.json
     PYTHONPATH=. python scripts/gpu_quant_bench.py --smoke       # tiny shapes, any device: a dry run
+    PYTHONPATH=. python scripts/gpu_quant_bench.py --head        # the quantized LM head (below)
 
 (a) correctness: on a small random model, the torch runner's quantized logits in bf16 (each
     product kernel) against the float64 NumPy reference holding the same quantized weights.
@@ -13,6 +14,13 @@
     layer): speed does not depend on the values. The roofline is the bytes one decode step must
     read (weights streamed + KV) over the device-to-device copy bandwidth measured in this run.
 (c) the batch-1 matrix products of the 8B shape with each kind of weight, one layer after another.
+
+``--head`` measures the quantized LM head and embedding (``--quantize-head``) instead: (a) the
+head's products at vocab x hidden shapes (llama-3-8b's 128256 x 4096, SmolLM2's 49152 x 576 and
+1003 x 576, whose rows are no multiple of a tile) against x @ dequantize(W)^T, and a lookup's
+rows against the reference's ``dequantize_rows``; the runner check with +head formats, eager
+and compiled + CUDA graphs; (b) batch-1 decode of the 8B shape in bf16, int8, int8+head,
+int4-g128 and int4-g128+head; (c) the head's product alone, GB/s of the bytes it stores.
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ from gpu_check import (  # noqa: E402
 
 from tinyinfer.bench.shapes import random_quantized  # noqa: E402
 from tinyinfer.config import ModelConfig, config_from_dict  # noqa: E402
-from tinyinfer.quant import QuantConfig, QuantizedWeight, is_quantized_name, quantize_weights  # noqa: E402
+from tinyinfer.quant import QuantConfig, QuantizedWeight, quantize_weights  # noqa: E402
 from tinyinfer.runners import torch_layers as layers  # noqa: E402
 from tinyinfer.runners.numpy_ref import NumpyRunner  # noqa: E402
 from tinyinfer.runners.runner import make_batch  # noqa: E402
@@ -59,6 +67,9 @@ from tinyinfer.runners.torch_fast import TorchRunner  # noqa: E402
 from tinyinfer.runners.torch_weights import random_weights  # noqa: E402
 
 VARIANTS = ("bf16", "int4-g128@torch", "int4-g128@triton", "int8@torch", "int8@triton")
+HEAD_VARIANTS = ("bf16", "int8@triton", "int8+head@triton", "int4-g128@torch", "int4-g128+head@torch")
+HEAD_CHECK_VARIANTS = ("int8+head@triton", "int4-g128+head@torch", "int4-g32-min+head@triton")
+HEAD_SHAPES = {"llama-3-8b": (128256, 4096), "smollm2": (49152, 576), "ragged": (1003, 576)}
 
 
 CHECK_VARIANTS = ("int8@torch", "int8@triton", "int4-g128@torch", "int4-g128@triton",
@@ -88,8 +99,9 @@ def check_quantized_logits(device: torch.device, formats: tuple[str, ...]) -> di
             ours = run_schedule(runner, steps)
             error = max(relative_error(a, b) for a, b in zip(ours, ref))
             key = f"{variant}{' compiled + graphs' if compiled else ''}"
-            out[key] = {"relative_error": error, "weight_kinds": kinds, "ok": error < 3e-2}
-            log(f"check {key}: bf16 vs float64 reference, relative error {error:.2e} ({', '.join(kinds)})")
+            head = f"head {type(runner.w.head).__name__}, embedding {type(runner.w.embed).__name__}"
+            out[key] = {"relative_error": error, "weight_kinds": kinds, "head": head, "ok": error < 3e-2}
+            log(f"check {key}: bf16 vs float64 reference, relative error {error:.2e} ({', '.join(kinds)}; {head})")
     return out
 
 
@@ -98,10 +110,10 @@ def bench_weights(config: ModelConfig, fmt: str, device: torch.device) -> dict[s
     weights: dict[str, Any] = random_weights(config, device=str(device), dtype="bfloat16")
     if fmt == "bf16":
         return weights
-    qconfig = QuantConfig.parse(fmt)
+    qconfig = QuantConfig.parse(fmt)  # int8+head: the embedding and LM head too
     rng = np.random.default_rng(0)
     drawn: dict[tuple[int, int], QuantizedWeight] = {}
-    for name in [n for n in weights if is_quantized_name(n)]:
+    for name in [n for n in weights if qconfig.applies_to(n)]:
         shape = tuple(weights[name].shape)
         weights[name] = drawn.setdefault(shape, random_quantized(shape, qconfig, rng))  # type: ignore[arg-type]
     return weights
@@ -197,6 +209,82 @@ def matmul_microbench(runner: TorchRunner, fmt: str, device: torch.device) -> di
     return out
 
 
+def head_formats(shape: tuple[int, int]) -> list[str]:
+    """Formats to check at a head shape: int4 in groups that divide its width."""
+    return ["int8@triton", "int8@torch"] + [f"int4-g{g}@{k}" for g in (128, 64) if shape[1] % g == 0
+                                             for k in ("torch", "triton")][:2]
+
+
+def check_head_products(device: torch.device) -> dict[str, Any]:
+    """The head's product and the embedding's lookup at vocab x hidden shapes, each layout, bf16
+    activations: the product within 1e-2 (relative norm) of x @ W^T in float64, W the dequantized
+    weight; looked-up rows equal to the reference's dequantize_rows rounded to bf16."""
+    from tinyinfer.quant import dequantize_rows
+
+    rng = np.random.default_rng(5)
+    out: dict[str, Any] = {}
+    on_cpu = device.type == "cpu"  # a dry run: torch's layouts, the small shapes
+    for name, shape in HEAD_SHAPES.items():
+        if on_cpu and name == "llama-3-8b":
+            continue
+        for variant in head_formats(shape):
+            if on_cpu and variant.endswith("@triton"):
+                continue
+            fmt, kernel = split_variant(variant)
+            qw = random_quantized(shape, QuantConfig.parse(fmt), rng)
+            w = layers.device_weight(qw, device, torch.bfloat16, kernel=kernel)
+            table = w if not isinstance(w, layers.Int4Weight) else layers.lookup_weight(qw, device)
+            # W on the device, every row looked up (checked against NumPy on a sample of rows)
+            ids = torch.from_numpy(rng.integers(0, shape[0], 64)).to(device)
+            rows = layers.embedding(table, ids, torch.float32).cpu().numpy()
+            ref_rows = dequantize_rows(qw, ids.cpu().numpy())
+            # exact where the layout keeps float16 scales; the matmul layouts that hold their
+            # scales in bf16 (per-row int8, GroupWeight) round them as their products do
+            lookup_error = float(np.linalg.norm(rows - ref_rows) / np.linalg.norm(ref_rows))
+            lookup_ok = lookup_error < 1e-2
+            full = torch.cat([layers.embedding(table, chunk, torch.float32).double()
+                              for chunk in torch.arange(shape[0], device=device).split(8192)])
+            errors = {}
+            for m in (1, 5):
+                x = torch.randn((m, shape[1]), device=device, dtype=torch.bfloat16)
+                ref = x.double() @ full.T
+                got = layers.linear(x, w, None).double()
+                errors[m] = float((got - ref).norm() / ref.norm())
+            key = f"{name} {shape[0]}x{shape[1]} {variant}"
+            ok = lookup_ok and max(errors.values()) < 1e-2
+            out[key] = {"layout": type(w).__name__, "relative_error": errors, "lookup_error": lookup_error,
+                        "lookup_exact": lookup_error == 0.0, "ok": ok}
+            log(f"head {key} ({type(w).__name__}): product rel. error {errors}, lookup rows rel. error "
+                f"{lookup_error:.1e}: {'ok' if ok else 'FAILED'}")
+            del w, table, full
+            if not on_cpu:
+                torch.cuda.empty_cache()
+    return out
+
+
+def head_microbench(device: torch.device) -> dict[str, Any]:
+    """The llama-3-8b head's batch-1 product alone, bf16 and each quantized layout: µs and GB/s of
+    the bytes its weight stores (the head is 2-5 times L2, so a replay reads it from memory)."""
+    shape = HEAD_SHAPES["llama-3-8b"]
+    rng = np.random.default_rng(6)
+    x = torch.randn((1, shape[1]), device=device, dtype=torch.bfloat16)
+    weights: dict[str, Any] = {"bf16": torch.randn(shape, device=device, dtype=torch.bfloat16) * 0.02}
+    for variant in ("int8@triton", "int8@torch", "int4-g128@torch", "int4-g128@triton"):
+        fmt, kernel = split_variant(variant)
+        weights[variant] = layers.device_weight(random_quantized(shape, QuantConfig.parse(fmt), rng), device,
+                                                torch.bfloat16, kernel=kernel)
+    torch._dynamo.reset()
+    compiled = torch.compile(layers.linear)
+    out: dict[str, Any] = {}
+    for variant, w in weights.items():
+        nbytes = sum(t.numel() * t.element_size() for t in _tensors(w))
+        us = graph_us_per_call(lambda i: compiled(x, w, None), 4, device)
+        out[variant] = {"layout": type(w).__name__, "us": us, "GBps": nbytes / (us * 1e-6) / 1e9, "bytes": nbytes}
+        log(f"head product {variant} ({type(w).__name__}): {us:.1f} us, {nbytes / (us * 1e-6) / 1e9:.0f} GB/s "
+            f"of {nbytes / 1e6:.0f} MB")
+    return out
+
+
 def _tensors(weight: Any) -> list[torch.Tensor]:
     if isinstance(weight, torch.Tensor):
         return [weight]
@@ -213,16 +301,27 @@ def main() -> int:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
                         help="formats, each optionally @triton or @torch (default: %(default)s)")
     parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    parser.add_argument("--head", action="store_true",
+                        help="the quantized LM head: head checks, 8B decode with and without it, "
+                             "the head's product (sets --shapes llama-3-8b and the +head variants)")
     parser.add_argument("--no-matmul", action="store_true", help="skip the per-matrix timings (c)")
     args = parser.parse_args()
+    if args.head:
+        args.shapes, args.variants, args.no_matmul = ["llama-3-8b"], list(HEAD_VARIANTS), True
     start = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out_path = Path(args.out or os.path.join(os.environ.get("OUT", "."), "gpu_quant_bench.json"))
     report: dict[str, Any] = {"environment": environment(device)}
     report["bandwidth_GBps"] = copy_bandwidth(device, 2**28 if args.smoke else 2**31)
     log(f"device-to-device copy: {report['bandwidth_GBps']:.0f} GB/s (read + write)")
+    if args.head:
+        report["head_check"] = check_head_products(device)
+        if device.type == "cuda":
+            report["head_product"] = head_microbench(device)
     if not args.no_check:
-        report["check"] = check_quantized_logits(device, CHECK_VARIANTS if device.type == "cuda"
+        report["check"] = check_quantized_logits(device, (HEAD_CHECK_VARIANTS if args.head else CHECK_VARIANTS)
+                                                 if device.type == "cuda"
+                                                 else ("int8+head", "int4-g128+head") if args.head
                                                  else ("int8", "int4-g128", "int4-g32-asym"))
     configs = SMOKE_BENCH if args.smoke else {k: BENCH_CONFIGS[k] for k in args.shapes}
     report["decode"], report["matmul"] = [], {}
@@ -256,6 +355,10 @@ def print_summary(report: dict[str, Any]) -> None:
     print(f"\n{env.get('card', env['device'])}, torch {env['torch']}, copy {report['bandwidth_GBps']:.0f} GB/s")
     for fmt, check in report.get("check", {}).items():
         print(f"check {fmt}: relative error {check['relative_error']:.2e} {'ok' if check['ok'] else 'FAILED'}")
+    for key, check in report.get("head_check", {}).items():
+        print(f"head check {key} ({check['layout']}): {'ok' if check['ok'] else 'FAILED'}")
+    for variant, r in report.get("head_product", {}).items():
+        print(f"head product {variant} ({r['layout']}): {r['us']:.1f} us, {r['GBps']:.0f} GB/s")
     for error in report.get("errors", []):
         print(f"error: {error}")
     print(f"{'model':<14} {'format':<18} {'tok/s fwd':>9} {'tok/s graph':>11} {'roofline':>9} "

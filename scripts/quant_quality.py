@@ -11,7 +11,8 @@ the end-of-text token, windows of `--context` tokens advancing by half a window.
 
 A GGUF file's rows: its weights as stored (Q4_1 kept as int4-g32-min), those weights as fp32
 (dequantized: the float weights the file was made from are not in it), and tinyinfer's own
-formats made from those fp32 weights.
+formats made from those fp32 weights. Rows named "+head" quantize the token embedding and LM head
+too (``--quantize-head``; a GGUF file's as stored: its own Q8_0 embedding kept).
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ from tinyinfer.quant import (  # noqa: E402
 from tinyinfer.runners.numpy_ref import NumpyRunner  # noqa: E402
 from tinyinfer.weights import load_weights  # noqa: E402
 
-WEIGHT_FORMATS = ("int8", "int4-g32", "int4-g64", "int4-g128", "int4-g32-asym", "int4-g128-asym")
+WEIGHT_FORMATS = ("int8", "int4-g32", "int4-g64", "int4-g128", "int4-g32-asym", "int4-g128-asym",
+                  "int8+head", "int4-g128+head")
+GGUF_FORMATS = ("int8", "int4-g32", "int4-g128", "int8+head", "int4-g128+head")
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,10 @@ def gguf_variants(source: str) -> list[tuple[str, str, str, Callable[[], tinyinf
         (f"GGUF as stored ({stored.name if stored else 'floats'})", "gguf", "numpy",
          lambda: tinyinfer.load(source)),
     ]
-    for fmt in ("int8", "int4-g32", "int4-g128"):
+    if stored is not None:
+        rows.append((f"GGUF as stored + head ({stored.name}+head)", "gguf", "numpy",
+                     lambda: tinyinfer.load(source, quantize_head=True)))
+    for fmt in GGUF_FORMATS:
         rows.append((fmt, fmt, "numpy", lambda fmt=fmt: requantized(fmt)))
     return rows
 

@@ -101,7 +101,7 @@ def test_quantized_checkpoint_runs_on_the_torch_runner(oracle_model, tmp_path):
     assert relative(fast.logits(PROMPT), reference.logits(PROMPT)) < 1e-5
 
 
-def test_only_linear_layers_may_arrive_quantized(oracle_model):
+def test_only_linear_layers_and_the_head_may_arrive_quantized(oracle_model):
     from tinyinfer.errors import TinyInferError
     from tinyinfer.runners.torch_fast import TorchRunner
     from tinyinfer.weights import load_weights
@@ -109,7 +109,7 @@ def test_only_linear_layers_may_arrive_quantized(oracle_model):
     folder, _ = oracle_model("llama-gqa-untied")
     config = tinyinfer.load(folder).config
     weights = load_weights(folder, config)
-    weights["embed"] = quantize(weights["embed"], QuantConfig(8))
-    with pytest.raises(TinyInferError, match="only the blocks' linear layers"):
+    weights["final_norm.weight"] = quantize(weights["final_norm.weight"][None, :], QuantConfig(8))
+    with pytest.raises(TinyInferError, match="only the blocks' linear layers, the embedding and the LM head"):
         TorchRunner(config, weights, device="cpu")
 

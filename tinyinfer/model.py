@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -176,7 +176,8 @@ def installed_model(name: str) -> Path:
 
 def load(source: str | Path = "bundled", runner: str = "numpy", device: str | None = None,
          dtype: str | None = None, quantize: str | QuantConfig | None = None,
-         tensor_parallel: int = 1, measure_error: bool = False, kv_cache_dtype: str = "auto",
+         tensor_parallel: int = 1, measure_error: bool = False, quantize_head: bool = False,
+         kv_cache_dtype: str = "auto",
          **runner_options: Any) -> Model:
     """Load a model folder (HF layout) or a bundled model with the chosen runner: the one entry
     point of the CLI, the TUI, the lessons and the server.
@@ -184,7 +185,8 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
     ``quantize`` ("int8", "int4", "int4-g64", "int4-g32-asym", ...) quantizes the linear
     weights as they load; a folder written by ``tinyinfer quantize`` (or a GGUF file of
     Q8_0/Q4_0/Q4_1 blocks) loads quantized as saved, unless ``quantize="none"`` asks for float
-    weights (dequantized as they load).
+    weights (dequantized as they load). ``quantize_head`` quantizes the token embedding and the
+    LM head too, in the same format (a GGUF file: keeps them in their Q8_0/Q4_0/Q4_1 blocks).
     ``measure_error`` also measures each quantized weight's rounding error while the float
     weights are at hand (as slow as quantizing again) and keeps it as ``Model.quant_errors``.
     ``tensor_parallel`` > 1 splits the model over that many processes (torch runner), this one
@@ -202,8 +204,9 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
             raise TinyInferError("tensor parallelism loads Hugging Face model folders, not GGUF files")
         if runner != "torch":
             raise TinyInferError("tensor parallelism runs on the torch runner (--runner torch)")
-        if quantize is not None:
-            raise TinyInferError("tensor parallelism shards float weights: load without quantize")
+        if quantize is not None or quantize_head:
+            raise TinyInferError("tensor parallelism shards float weights: load without quantize "
+                                 "and quantize_head")
         try:
             from tinyinfer.runners.tp.launch import start_ranks
         except ModuleNotFoundError as exc:
@@ -215,7 +218,8 @@ def load(source: str | Path = "bundled", runner: str = "numpy", device: str | No
         except BaseException:  # no Model to close them later: end the rank processes now
             ranks.close()
             raise
-    weights, quantization, quant_errors = _load_weights(path, config, quantize, lazy=runner == "torch",
+    weights, quantization, quant_errors = _load_weights(path, config, quantize, quantize_head,
+                                                        lazy=runner == "torch",
                                                         measure_error=measure_error, gguf=gguf)
     if runner == "numpy":
         from tinyinfer.runners.numpy_ref import NumpyRunner
@@ -254,8 +258,8 @@ def with_tokenizer(path: Path, name: str, config: ModelConfig, runner: ModelRunn
                  chat_template=load_chat_template(path, gguf))
 
 
-def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig | None, lazy: bool,
-                  measure_error: bool, gguf: GGUFCheckpoint | None
+def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig | None, quantize_head: bool,
+                  lazy: bool, measure_error: bool, gguf: GGUFCheckpoint | None
                   ) -> tuple[dict[str, np.ndarray | QuantizedWeight], QuantConfig | None, ErrorReport | None]:
     """A plain checkpoint's weights, quantized if asked; or a quantized checkpoint's (a folder
     tinyinfer wrote, or a GGUF file of Q8_0/Q4_0/Q4_1 blocks), as saved (no error report: its
@@ -265,12 +269,26 @@ def _load_weights(path: Path, config: ModelConfig, quantize: str | QuantConfig |
     """
     floats = quantize == "none"
     wanted = None if floats else QuantConfig.parse(quantize) if isinstance(quantize, str) else quantize
-    saved = gguf.kept_format() if gguf is not None else read_quant_config(path)
+    head = quantize_head or (wanted is not None and wanted.head)  # quantize_head or a name like int8+head
+    if head and floats:
+        raise TinyInferError("quantize_head quantizes the embedding and LM head: it cannot go with "
+                             "quantize='none' (float weights)")
+    saved = gguf.kept_format(head=head) if gguf is not None else read_quant_config(path)
+    if head:
+        if wanted is None and saved is None:
+            raise TinyInferError("quantize_head quantizes the embedding and LM head in the blocks' "
+                                 "format: name one with quantize= (e.g. int8 or int4)")
+        if wanted is not None:
+            wanted = replace(wanted, head=True)
+        if saved is not None and not saved.head:
+            raise TinyInferError(f"{path} was quantized as {saved.name}, its embedding and LM head "
+                                 "in floating point: quantize the original checkpoint with the head "
+                                 "(tinyinfer quantize --quantize-head)")
     if saved is not None and wanted is not None and wanted != saved:
         raise TinyInferError(f"{path} is already quantized as {saved.name}: load it without "
                              f"quantize=, or quantize the original checkpoint as {wanted.name}")
     if gguf is not None:
-        weights = gguf.weights(config)
+        weights = gguf.weights(config, head=head)
     elif saved is not None:
         weights, _ = load_quantized(path, config)
     else:

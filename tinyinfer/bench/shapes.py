@@ -35,7 +35,7 @@ from tinyinfer.engine import Engine
 from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import TinyInferError
 from tinyinfer.model import Model, load
-from tinyinfer.quant import QuantConfig, QuantizedWeight, is_quantized_name
+from tinyinfer.quant import QuantConfig, QuantizedWeight
 from tinyinfer.weights.gguf_file import is_gguf
 from tinyinfer.sampling import SamplingParams
 from tinyinfer.simulate.presets import MODEL_CONFIGS
@@ -87,12 +87,13 @@ def random_quantized(shape: tuple[int, int], qconfig: QuantConfig, rng: np.rando
 
 def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
                  with_peer: bool = False, quantize: str | None = None,
-                 kv_cache_dtype: str = "auto") -> tuple[Model, Any]:
+                 quantize_head: bool = False, kv_cache_dtype: str = "auto") -> tuple[Model, Any]:
     """Our torch model of a preset shape, and (if asked) a transformers model with the same weights.
 
-    ``quantize`` draws the linear layers as random codes of that format (one draw per matrix
-    shape, each layer its own copy on the device), the rest of the weights random floats.
-    ``kv_cache_dtype`` is the runner's K/V storage ("auto" or "int8").
+    ``quantize`` draws the linear layers (with ``quantize_head`` the embedding and LM head too)
+    as random codes of that format (one draw per matrix shape, each layer its own copy on the
+    device), the rest of the weights random floats. ``kv_cache_dtype`` is the runner's K/V
+    storage ("auto" or "int8").
     """
     import torch
 
@@ -100,6 +101,9 @@ def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
     from tinyinfer.runners.torch_weights import random_weights
     from tinyinfer.weights import map_weights
 
+    if quantize_head and not quantize:
+        raise TinyInferError("--quantize-head stores the embedding and LM head in the blocks' "
+                             "format: name one with --quantize (e.g. int8 or int4)")
     config, raw = shape_config(name, max_len)
     # Weights are built once and fused once (q|k|v, gate|up): about two copies at the peak.
     _check_memory(name, config.num_parameters * (4 if dtype == "float32" else 2) * (3 if with_peer else 2),
@@ -114,8 +118,9 @@ def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
     qconfig = None
     if quantize:
         qconfig = QuantConfig.parse(quantize)
+        qconfig = dataclasses.replace(qconfig, head=qconfig.head or quantize_head)
         rng, drawn = np.random.default_rng(0), {}
-        for key in [k for k in weights if is_quantized_name(k)]:
+        for key in [k for k in weights if qconfig.applies_to(k)]:
             shape = tuple(weights[key].shape)
             weights[key] = drawn.setdefault(shape, random_quantized(shape, qconfig, rng))
     runner = TorchRunner(config, weights, device=device, dtype=dtype, kv_cache_dtype=kv_cache_dtype)
@@ -164,11 +169,11 @@ def require_transformers() -> None:
 
 def folder_models(source: str, runner: str, device: str | None, dtype: str | None,
                   with_peer: bool, quantize: str | None = None,
-                  kv_cache_dtype: str = "auto") -> tuple[Model, Any]:
+                  quantize_head: bool = False, kv_cache_dtype: str = "auto") -> tuple[Model, Any]:
     """A checkpoint (folder, GGUF file or name) for our runner, quantized as it loads if asked
     (``none``: a quantized file's weights as floats), and transformers on the same files."""
     model = load(source, runner=runner, device=device, dtype=dtype, quantize=quantize,
-                 kv_cache_dtype=kv_cache_dtype)
+                 quantize_head=quantize_head, kv_cache_dtype=kv_cache_dtype)
     peer = None
     if with_peer:
         import torch

@@ -25,6 +25,9 @@ def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") ->
                         help="quantize linear weights as they load: int8, int4, int4-g64, "
                              "int4-g32-asym, ...; none: float weights, a quantized checkpoint's "
                              "dequantized (default: the checkpoint's own format)")
+    parser.add_argument("--quantize-head", action="store_true",
+                        help="with --quantize: the token embedding and LM head in that format too "
+                             "(a GGUF file: kept in its own Q8_0/Q4_0/Q4_1 blocks)")
     parser.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
                         help="split the model over N processes (GPUs with NCCL, CPU with gloo); "
                              "torch runner")
@@ -71,5 +74,5 @@ def load_model(args: argparse.Namespace):
     import tinyinfer
 
     return tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype,
-                          quantize=args.quantize, tensor_parallel=args.tensor_parallel,
-                          kv_cache_dtype=args.kv_cache_dtype)
+                          quantize=args.quantize, quantize_head=args.quantize_head,
+                          tensor_parallel=args.tensor_parallel, kv_cache_dtype=args.kv_cache_dtype)

@@ -131,7 +131,8 @@ def _bench_shapes(args: argparse.Namespace) -> int:
     with_peer = args.peer == "transformers"
     if with_peer:
         bs.require_transformers()
-        if args.quantize not in (None, "none"):  # "none": a quantized file's weights as floats
+        # "none": a quantized file's weights as floats
+        if args.quantize not in (None, "none") or args.quantize_head:
             raise TinyInferError("--peer transformers runs float weights: measure it in a run "
                                  "without --quantize")
     if args.peer and args.tensor_parallel > 1:
@@ -147,19 +148,21 @@ def _bench_shapes(args: argparse.Namespace) -> int:
         device = args.device or chosen.type
         dtype = args.dtype or str(pick_dtype(None, chosen.type == "cuda")).removeprefix("torch.")
         if args.tensor_parallel > 1:
-            if args.quantize:
+            if args.quantize or args.quantize_head:
                 raise TinyInferError("tensor parallelism shards float weights: drop --quantize or "
                                      "--tensor-parallel")
             model, peer = bs.shape_tensor_parallel(args.preset, args.tensor_parallel, device, dtype,
                                                    kv_cache_dtype=args.kv_cache_dtype), None
         else:
             model, peer = bs.shape_models(args.preset, device, dtype, with_peer=with_peer,
-                                          quantize=args.quantize, kv_cache_dtype=args.kv_cache_dtype)
+                                          quantize=args.quantize, quantize_head=args.quantize_head,
+                                          kv_cache_dtype=args.kv_cache_dtype)
     elif args.tensor_parallel > 1:
         model, peer = load_model(args), None
     else:
         model, peer = bs.folder_models(args.model, args.runner, args.device, args.dtype, with_peer,
-                                       quantize=args.quantize, kv_cache_dtype=args.kv_cache_dtype)
+                                       quantize=args.quantize, quantize_head=args.quantize_head,
+                                       kv_cache_dtype=args.kv_cache_dtype)
     print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)
     if args.peer == "llama.cpp" and not is_gguf(model.path):
         raise TinyInferError(f"--peer llama.cpp runs GGUF files; {model.name} is a model folder")
@@ -257,7 +260,7 @@ def make_drafter(args: argparse.Namespace):
     if args.speculative == "draft":
         draft = tinyinfer.load(args.draft_model, runner=args.runner, device=args.device,
                                dtype=args.dtype, quantize=args.quantize,
-                               kv_cache_dtype=args.kv_cache_dtype)
+                               quantize_head=args.quantize_head, kv_cache_dtype=args.kv_cache_dtype)
         return DraftModelDrafter(draft)
     return None
 

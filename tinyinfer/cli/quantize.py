@@ -29,8 +29,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register the `quantize` command."""
     parser = subparsers.add_parser(
         "quantize", help="write an int8 / int4 weight-only quantized copy of a model",
-        description="Quantize every linear layer's weight (embeddings and norms stay in floating "
-                    "point) and write a checkpoint folder that tinyinfer loads like any other.")
+        description="Quantize every linear layer's weight (the embedding and LM head too with "
+                    "--quantize-head; norms stay in floating point) and write a checkpoint folder "
+                    "that tinyinfer loads like any other.")
     parser.add_argument("--model", default=None,
                         help="'bundled', 'bundled-draft' or a Hugging Face model folder (required)")
     # the model's old place, a positional argument: kept working, hidden from --help
@@ -46,6 +47,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     offset.add_argument("--minimum", action="store_true",
                         help="int4 only: give each group a float16 minimum as well as a scale "
                              "(GGUF's Q4_1 layout)")
+    parser.add_argument("--quantize-head", action="store_true",
+                        help="store the token embedding and LM head in the same format (one table "
+                             "when they are tied)")
     parser.add_argument("-o", "--output", required=True, metavar="FOLDER",
                         help="folder to write (must not exist or be empty)")
     return parser
@@ -55,7 +59,8 @@ def quant_config_from_args(args: argparse.Namespace) -> QuantConfig:
     """The QuantConfig the flags name (int4 defaults to groups of 128)."""
     group = args.group_size if args.group_size is not None or args.bits == 8 else 128
     return QuantConfig(bits=args.bits, group_size=group,
-                       symmetric=not (args.asymmetric or args.minimum), minimum=args.minimum)
+                       symmetric=not (args.asymmetric or args.minimum), minimum=args.minimum,
+                       head=args.quantize_head)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,7 +106,8 @@ def error_summary(errors: list[LayerError]) -> str:
     """Mean relative error and worst element error per kind of layer (q, k, v, o, gate, ...)."""
     kinds: dict[str, list[LayerError]] = defaultdict(list)
     for e in errors:
-        kinds[e.name.split(".")[-2]].append(e)
+        parts = e.name.split(".")
+        kinds[parts[-2] if len(parts) > 1 else e.name].append(e)  # q, ..., down; embed, lm_head
     lines = [f"{'layer':<8} {'count':>5} {'mean rel. error':>16} {'max |error|':>12}"]
     for kind, group in kinds.items():
         mean = sum(e.relative for e in group) / len(group)

@@ -13,22 +13,22 @@ Every public name is importable from `tinyinfer.quant` itself.
 
 from tinyinfer.quant.checkpoint import (CONFIG_FILE, FORMAT, load_quantized, quantize_weights,
                                         read_quant_config, save_quantized)
-from tinyinfer.quant.formats import (BITS, GROUP_SIZES, LINEAR_NAMES, MIN_BYTES, SCALE_BYTES, ZERO_POINT_BYTES,
+from tinyinfer.quant.formats import (BITS, GROUP_SIZES, HEAD_NAMES, HEAD_SUFFIX, LINEAR_NAMES, MIN_BYTES, SCALE_BYTES, ZERO_POINT_BYTES,
                                      QuantConfig, QuantizationError, QuantizedWeight, codes_and_zeros,
-                                     concat_out, dequantize, dequantize_kv, group_offsets,
+                                     concat_out, dequantize, dequantize_kv, dequantize_rows, group_offsets,
                                      is_quantized_name, pack_int4, quantize, quantize_kv, stored_codes,
-                                     unpack_int4)
+                                     take_rows, unpack_int4)
 from tinyinfer.quant.report import (BINS, MEMORY_FORMATS, ErrorReport, Histogram, LayerError, MemoryRow,
                                     error_histograms, error_report, format_memory_table, histogram,
                                     layer_error, layer_errors, memory_row, weight_memory_table,
                                     weights_nbytes)
 
 __all__ = [
-    "BINS", "BITS", "CONFIG_FILE", "FORMAT", "GROUP_SIZES", "LINEAR_NAMES", "MEMORY_FORMATS", "MIN_BYTES",
+    "BINS", "BITS", "CONFIG_FILE", "FORMAT", "GROUP_SIZES", "HEAD_NAMES", "HEAD_SUFFIX", "LINEAR_NAMES", "MEMORY_FORMATS", "MIN_BYTES",
     "SCALE_BYTES", "ZERO_POINT_BYTES", "ErrorReport", "Histogram", "LayerError", "MemoryRow",
     "QuantConfig", "QuantizationError", "QuantizedWeight", "codes_and_zeros", "concat_out",
-    "dequantize", "dequantize_kv", "error_histograms", "error_report", "format_memory_table", "group_offsets",
+    "dequantize", "dequantize_kv", "dequantize_rows", "error_histograms", "error_report", "format_memory_table", "group_offsets",
     "histogram", "is_quantized_name", "layer_error", "layer_errors", "load_quantized", "memory_row",
     "pack_int4", "quantize", "quantize_kv", "quantize_weights", "read_quant_config",
-    "save_quantized", "stored_codes", "unpack_int4", "weight_memory_table", "weights_nbytes",
+    "save_quantized", "stored_codes", "take_rows", "unpack_int4", "weight_memory_table", "weights_nbytes",
 ]

@@ -4,7 +4,7 @@
 quantize="int8")`). `save_quantized` writes it as a folder `tinyinfer.load` reads back with
 `load_quantized`: ``model.safetensors`` holding each linear weight as ``name.qdata`` (codes),
 ``name.scales`` and, asymmetric int4 only, ``name.zeros`` (or ``name.mins``), next to ``quantization.json``, which
-names the format (`read_quant_config`). The formats themselves are in `tinyinfer.quant.formats`.
+names the format and whether the embedding and LM head are in it (`read_quant_config`). The formats themselves are in `tinyinfer.quant.formats`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import numpy as np
 from tinyinfer.display import progress
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import CheckpointError
-from tinyinfer.quant.formats import (QuantConfig, QuantizationError, QuantizedWeight,
-                                     is_quantized_name, quantize)
+from tinyinfer.quant.formats import QuantConfig, QuantizationError, QuantizedWeight, quantize
 from tinyinfer.weights import (Bf16Array, float32_to_bf16_bits, internal_shapes, read_checkpoint,
                                write_safetensors)
 
@@ -30,8 +29,9 @@ FORMAT = "tinyinfer-quant-v1"
 
 def quantize_weights(weights: dict[str, np.ndarray], config: QuantConfig
                      ) -> dict[str, np.ndarray | QuantizedWeight]:
-    """Quantize every linear weight of a runner's weight dict; leave the rest as they are."""
-    return {name: quantize(value, config) if is_quantized_name(name) else value
+    """Quantize every linear weight of a runner's weight dict (and with ``config.head`` the
+    embedding and LM head: a tied model's one table); leave the rest as they are."""
+    return {name: quantize(value, config) if config.applies_to(name) else value
             for name, value in progress.track(weights.items(), f"quantize to {config.name}: tensors")}
 
 
@@ -78,7 +78,8 @@ def read_quant_config(folder: str | Path) -> QuantConfig | None:
         if meta.get("format") != FORMAT:
             raise CheckpointError(f"{path} is not a tinyinfer quantization config ({FORMAT})")
         return QuantConfig(bits=int(meta["bits"]), group_size=meta["group_size"],
-                           symmetric=bool(meta["symmetric"]), minimum=bool(meta.get("minimum", False)))
+                           symmetric=bool(meta["symmetric"]), minimum=bool(meta.get("minimum", False)),
+                           head=bool(meta.get("head", False)))
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, QuantizationError) as exc:
         raise CheckpointError(f"{path} is corrupt ({exc}): re-run tinyinfer quantize") from exc
 
@@ -105,7 +106,7 @@ def load_quantized(folder: str | Path, model: ModelConfig
         return value
 
     for name, shape in internal_shapes(model).items():
-        if not is_quantized_name(name):
+        if not qconfig.applies_to(name):
             weights[name] = take(name, shape)
             continue
         out, n = shape
@@ -120,7 +121,8 @@ def load_quantized(folder: str | Path, model: ModelConfig
             mins = np.asarray(take(f"{name}.mins", (out, groups), np.float16))
         elif not qconfig.symmetric:
             zeros = np.asarray(take(f"{name}.zeros", (out, math.ceil(groups / 2)), np.uint8))
-        weights[name] = QuantizedWeight(np.asarray(data), np.asarray(scales), zeros, n, qconfig, mins)
+        weights[name] = QuantizedWeight(np.asarray(data), np.asarray(scales), zeros, n,
+                                        qconfig.weight_format, mins)
     extra = sorted(set(tensors) - used)
     if extra:
         raise CheckpointError(f"unexpected tensor(s) {extra[:5]} in {folder}: the quantized checkpoint "

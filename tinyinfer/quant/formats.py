@@ -14,10 +14,13 @@ output row, a float16 *scale* (and for asymmetric int4 an integer *zero point*):
   in place of the zero point, so weight = code * scale + minimum (zero need not be on the grid).
 
 Every scale is the smallest float16 whose grid covers the group's range, so each weight is
-off by at most half a scale step. Only the transformer blocks' linear layers are quantized
-(`is_quantized_name`); embeddings, the LM head (its errors land straight on the logits),
-norms and biases stay in floating point. The K/V cache has its own int8 format: one scale
-per token and head (`quantize_kv`).
+off by at most half a scale step. By default only the transformer blocks' linear layers are
+quantized (`is_quantized_name`); the token embedding and the LM head (its errors land straight
+on the logits) join them on request (``QuantConfig.head``, ``--quantize-head``): a [vocab, hidden]
+table in the same format, its groups along the hidden axis, so an embedding lookup dequantizes
+only the rows it gathers (`dequantize_rows`) and a tied model quantizes its one table once.
+Norms, biases and GPT-2's position table stay in floating point. The K/V cache has its own int8
+format: one scale per token and head (`quantize_kv`).
 
 `QuantConfig.stored_bytes` says how many bytes a format stores: the weight-memory table
 (`tinyinfer.quant.report`) counts with it, and the simulator (`tinyinfer.simulate.memory`,
@@ -28,7 +31,7 @@ config only) takes the same scale and zero-point sizes. Whole checkpoints are in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -37,6 +40,8 @@ from tinyinfer.errors import TinyInferError
 BITS = (8, 4)
 GROUP_SIZES = (32, 64, 128)
 LINEAR_NAMES = ("q", "k", "v", "o", "gate", "up", "down", "fc", "proj")
+HEAD_NAMES = ("embed", "lm_head")  # the token embedding and the LM head (absent when tied)
+HEAD_SUFFIX = "+head"  # a format's name with the head quantized too: int8+head, int4-g128+head
 SCALE_BYTES = 2  # one float16 scale per group
 ZERO_POINT_BYTES = 0.5  # asymmetric int4: one 4-bit zero point per group, two to a byte
 MIN_BYTES = 2  # int4 with a minimum: one float16 minimum per group
@@ -47,7 +52,8 @@ class QuantizationError(TinyInferError):
 
 
 def is_quantized_name(name: str) -> bool:
-    """Whether a runner weight name is a block's linear layer, the weights quantization applies to."""
+    """Whether a runner weight name is a block's linear layer: what every quantized format stores
+    quantized (``QuantConfig.applies_to`` adds the embedding and LM head with ``head``)."""
     parts = name.split(".")
     return parts[0] == "layers" and parts[-1] == "weight" and parts[-2] in LINEAR_NAMES
 
@@ -57,12 +63,14 @@ def is_quantized_name(name: str) -> bool:
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """A weight format: bits, group size, and whether int4 groups carry zero points or minimums."""
+    """A weight format: bits, group size, whether int4 groups carry zero points or minimums;
+    and whether the token embedding and LM head are stored in it too (``head``)."""
 
     bits: int
     group_size: int | None = None  # None: one group per output row (int8 only)
     symmetric: bool = True
     minimum: bool = False  # asymmetric int4 storing a float16 minimum per group (GGUF's Q4_1)
+    head: bool = False  # the embedding and LM head quantized as well as the blocks' linear layers
 
     def __post_init__(self) -> None:
         if self.bits not in BITS:
@@ -78,30 +86,46 @@ class QuantConfig:
 
     @property
     def name(self) -> str:
-        """Short name: int8, int8-g32, int4-g128, int4-g64-asym, int4-g32-min."""
+        """Short name: int8, int8-g32, int4-g128, int4-g64-asym, int4-g32-min; +head when the
+        embedding and LM head are quantized too (int8+head)."""
         group = "" if self.group_size is None else f"-g{self.group_size}"
         offset = "-min" if self.minimum else "" if self.symmetric else "-asym"
-        return f"int{self.bits}{group}{offset}"
+        return f"int{self.bits}{group}{offset}{HEAD_SUFFIX if self.head else ''}"
+
+    @property
+    def weight_format(self) -> QuantConfig:
+        """The format alone, without the choice of which weights it applies to (what one
+        QuantizedWeight records)."""
+        return replace(self, head=False)
+
+    def applies_to(self, name: str) -> bool:
+        """Whether a runner weight of this name is quantized: the blocks' linear layers, and with
+        ``head`` the embedding and LM head."""
+        return is_quantized_name(name) or (self.head and name in HEAD_NAMES)
 
     @classmethod
     def parse(cls, name: str) -> QuantConfig:
         """Read a short name back: 'int8', 'int8-g32', 'int4' (= int4-g128), 'int4-g64',
-        'int4-g32-asym', 'int4-g32-min'."""
-        parts = name.strip().lower().split("-")
+        'int4-g32-asym', 'int4-g32-min', any of them with '+head'."""
+        text = name.strip().lower()
+        head = text.endswith(HEAD_SUFFIX)
+        parts = text.removesuffix(HEAD_SUFFIX).split("-")
         try:
             if parts[0] == "int8" and len(parts) <= 2:
-                return cls(bits=8, group_size=int(parts[1].removeprefix("g")) if len(parts) > 1 else None)
+                return cls(bits=8, group_size=int(parts[1].removeprefix("g")) if len(parts) > 1 else None,
+                           head=head)
             if parts[0] == "int4" and len(parts) <= 3:
                 group = int(parts[1].removeprefix("g")) if len(parts) > 1 else 128
                 offset = parts[2] if len(parts) == 3 else ""
                 if offset not in ("", "asym", "min"):
                     raise ValueError(offset)
-                return cls(bits=4, group_size=group, symmetric=not offset, minimum=offset == "min")
+                return cls(bits=4, group_size=group, symmetric=not offset, minimum=offset == "min",
+                           head=head)
         except ValueError:
             pass
         raise QuantizationError(f"unknown quantization {name}: use int8, int8-g32, int4, int4-g32, "
                                 "int4-g64, int4-g128, optionally with -asym or -min for int4 "
-                                "(e.g. int4-g64-asym)")
+                                "(e.g. int4-g64-asym); +head quantizes the embedding and LM head too")
 
     @property
     def code_range(self) -> tuple[int, int]:
@@ -187,6 +211,7 @@ def _per_element(per_group: np.ndarray, group_size: int, in_features: int) -> np
 
 def quantize(weight: np.ndarray, config: QuantConfig) -> QuantizedWeight:
     """Quantize one [out, in] weight to the format `config` names."""
+    config = config.weight_format
     w = np.asarray(weight, dtype=np.float32)  # [out, in]
     if w.ndim != 2 or 0 in w.shape:
         raise QuantizationError(f"only non-empty 2-D weights can be quantized, got shape {w.shape}")
@@ -234,6 +259,20 @@ def _quantize_with_minimum(w: np.ndarray, config: QuantConfig, starts: np.ndarra
     steps = np.divide(w - m, s, out=np.zeros_like(w), where=s > 0)
     codes = np.clip(np.round(steps), 0, 15).astype(np.int32)
     return QuantizedWeight(pack_int4(codes), scale, None, n, config, mins)
+
+
+def take_rows(qw: QuantizedWeight, rows: np.ndarray) -> QuantizedWeight:
+    """Some output rows of a quantized weight, in its format (an embedding lookup's rows)."""
+    def taken(array: np.ndarray | None) -> np.ndarray | None:
+        return None if array is None else array[rows]
+
+    return QuantizedWeight(qw.data[rows], qw.scales[rows], taken(qw.zeros), qw.in_features, qw.config,
+                           taken(qw.mins))
+
+
+def dequantize_rows(qw: QuantizedWeight, rows: np.ndarray) -> np.ndarray:
+    """Rows of the float weight, dequantizing only those rows.  rows: [T] -> float32 [T, in]."""
+    return dequantize(take_rows(qw, np.asarray(rows)))
 
 
 def stored_codes(qw: QuantizedWeight) -> np.ndarray:

@@ -101,9 +101,9 @@ class MemoryRow:
 
     format: str
     parameters: int
-    linear_bytes: int  # codes (or floats) of the blocks' linear weights
+    linear_bytes: int  # codes (or floats) of the quantized weights: the blocks' linear layers (+head)
     overhead_bytes: int  # scales and zero points
-    other_bytes: int  # embeddings, LM head, norms, biases: kept in floating point
+    other_bytes: int  # embeddings, LM head (unless +head), norms, biases: kept in floating point
 
     @property
     def total_bytes(self) -> int:
@@ -114,19 +114,23 @@ class MemoryRow:
         return 8 * self.total_bytes / self.parameters
 
 
-MEMORY_FORMATS = ("fp32", "bf16", "int8", "int4-g128", "int4-g64", "int4-g32", "int4-g128-asym")
+MEMORY_FORMATS = ("fp32", "bf16", "int8", "int4-g128", "int4-g64", "int4-g32", "int4-g128-asym",
+                  "int8+head", "int4-g128+head")
 
 
 def memory_row(model: ModelConfig, fmt: str) -> MemoryRow:
-    """Bytes of `model`'s weights in one format; the unquantized rest is kept at 16 bits."""
+    """Bytes of `model`'s weights in one format (int8+head: the embedding and LM head in it too);
+    the unquantized rest is kept at 16 bits."""
     shapes = internal_shapes(model)
-    linear = [s for name, s in shapes.items() if is_quantized_name(name)]
-    other = sum(math.prod(s) for name, s in shapes.items() if not is_quantized_name(name))
-    params = other + sum(out * n for out, n in linear)
     if fmt in ("fp32", "bf16", "fp16"):
+        params = sum(math.prod(s) for s in shapes.values())
+        linear_params = sum(math.prod(s) for name, s in shapes.items() if is_quantized_name(name))
         size = 4 if fmt == "fp32" else 2
-        return MemoryRow(fmt, params, size * (params - other), 0, size * other)
+        return MemoryRow(fmt, params, size * linear_params, 0, size * (params - linear_params))
     q = QuantConfig.parse(fmt)
+    linear = [s for name, s in shapes.items() if q.applies_to(name)]
+    other = sum(math.prod(s) for name, s in shapes.items() if not q.applies_to(name))
+    params = other + sum(out * n for out, n in linear)
     sizes = [q.stored_bytes(out, n) for out, n in linear]
     return MemoryRow(q.name, params, sum(c for c, _ in sizes), sum(o for _, o in sizes), 2 * other)
 

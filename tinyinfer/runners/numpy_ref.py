@@ -13,7 +13,7 @@ import numpy as np
 
 from tinyinfer.config import ModelConfig, rope_inverse_frequencies
 from tinyinfer.errors import TinyInferError
-from tinyinfer.quant import QuantizedWeight, dequantize, dequantize_kv, quantize_kv
+from tinyinfer.quant import QuantizedWeight, dequantize, dequantize_kv, dequantize_rows, quantize_kv
 from tinyinfer.runners.runner import (
     Batch,
     RankTiming,
@@ -32,8 +32,13 @@ from tinyinfer.runners.runner import (
 PLUG_POINTS = ("rms_norm", "apply_rope", "attention")
 
 
-def embedding(table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
-    """Look up one row per token.  table: [V, D], token_ids: [T] -> [T, D]."""
+def embedding(table: np.ndarray | QuantizedWeight, token_ids: np.ndarray) -> np.ndarray:
+    """Look up one row per token.  table: [V, D], token_ids: [T] -> [T, D].
+
+    A quantized table (``--quantize-head``) dequantizes only the rows it gathers.
+    """
+    if isinstance(table, QuantizedWeight):
+        return dequantize_rows(table, token_ids)
     return table[token_ids]
 
 
@@ -223,7 +228,7 @@ class NumpyRunner:
         """Embed, run every layer, and return logits for the batch's logits_rows. -> [R, V]."""
         c, w = self.config, self.w
         self.last_attention = [[] for _ in range(batch.num_seqs)]
-        x = embedding(w["embed"], batch.token_ids)  # [T, D]
+        x = embedding(w["embed"], batch.token_ids).astype(self.dtype, copy=False)  # [T, D]
         if c.family == "gpt2":
             x = x + embedding(w["pos_embed"], batch.positions)
             rope = None

@@ -253,7 +253,7 @@ class TorchRunner:
         # chunks (compute-bound, shapes that vary every step) run them eager.
         attention_input, mlp_block, final_logits = self._eager if step.prefills else self._decode_fns
         w = self.w
-        x = w.embed[step.token_ids]  # [T, D]
+        x = layers.embedding(w.embed, step.token_ids, self.dtype)  # [T, D]
         if w.pos_embed is not None:
             x = x + w.pos_embed[step.positions]
         residual = torch.zeros_like(x)

@@ -172,6 +172,45 @@ def device_weight(qw: QuantizedWeight, device: torch.device, dtype: torch.dtype,
     return Int4Weight(tiled, scales_and_zeros, qw.group_size)
 
 
+def lookup_weight(qw: QuantizedWeight, device: torch.device) -> GroupWeight:
+    """A quantized embedding as its stored codes with float32 scales and offsets, for row
+    lookups (``embedding``) where the head's matmul layout cannot be gathered from (torch's
+    tiled int4)."""
+    def to_device(array: np.ndarray) -> Tensor:
+        return torch.from_numpy(np.require(array, requirements=["C", "W"])).to(device)
+
+    return GroupWeight(to_device(qw.data), to_device(qw.scales).float(), to_device(group_offsets(qw)),
+                       qw.group_size, qw.in_features)
+
+
+def embedding(table: Tensor | QuantWeight, token_ids: Tensor, dtype: torch.dtype) -> Tensor:
+    """One row per token.  table: [V, D], token_ids: [T] -> [T, D] in ``dtype``.
+
+    A quantized table dequantizes only the rows it gathers, in float32:
+    (code - zero) * scale + offset per group, as ``tinyinfer.quant.dequantize`` does.
+    """
+    if isinstance(table, Tensor):
+        return table[token_ids]
+    if isinstance(table, Int8Weight):
+        return (table.codes[token_ids].float() * table.scales[token_ids, None].float()).to(dtype)
+    if isinstance(table, KernelWeight):
+        raw = table.words[token_ids].view(torch.uint8)  # the stored bytes of each row
+        n = raw.shape[1] * 8 // table.bits
+        codes = raw.view(torch.int8) if table.bits == 8 else unpack_int4(raw, n)
+        scales, offsets, zero, group = table.scales, table.offsets, table.zero, table.group_size
+    elif isinstance(table, GroupWeight):
+        n, zero, group = table.in_features, 0, table.group_size
+        codes = table.codes[token_ids] if table.codes.dtype == torch.int8 else \
+            unpack_int4(table.codes[token_ids], n)
+        scales, offsets = table.scales, table.offsets
+    else:
+        raise TypeError(f"an embedding cannot be looked up in {type(table).__name__}'s layout")
+    weight = (codes.float() - zero) * scales[token_ids].float().repeat_interleave(group, dim=1)[:, :n]
+    if offsets is not None:
+        weight = weight + offsets[token_ids].float().repeat_interleave(group, dim=1)[:, :n]
+    return weight.to(dtype)
+
+
 def norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
     """RMSNorm (bias None, Llama) or LayerNorm (GPT-2), computed in float32.  x: [T, D]."""
     xf = x.float()

@@ -17,7 +17,7 @@ from torch import Tensor
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
 from tinyinfer.quant import QuantizedWeight, concat_out
-from tinyinfer.runners.torch_layers import QuantWeight, device_weight
+from tinyinfer.runners.torch_layers import Int4Weight, QuantWeight, device_weight, lookup_weight
 from tinyinfer.weights import Bf16Array
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -42,9 +42,9 @@ class LayerWeights:
 class DeviceWeights:
     """Every weight of a model on one device, in one dtype."""
 
-    embed: Tensor  # [V, D]
+    embed: Tensor | QuantWeight  # [V, D]; quantized: rows dequantized as they are looked up
     pos_embed: Tensor | None  # [max positions, D] (GPT-2)
-    head: Tensor  # [V, D]; the embedding itself when tied
+    head: Tensor | QuantWeight  # [V, D]; the embedding itself when tied (and its layout allows)
     final_norm: Pair
     layers: list[LayerWeights]
 
@@ -54,7 +54,10 @@ class DeviceWeights:
         """Move named weights (the reference's names) to the device, fusing q|k|v and gate|up.
 
         Quantized linear weights stay int8 / int4, in the layout of the matmul kernel
-        ``quant_kernel`` picks ("torch", "triton" or "auto": ``torch_layers.device_weight``).
+        ``quant_kernel`` picks ("torch", "triton" or "auto": ``torch_layers.device_weight``), and
+        so does a quantized LM head. A quantized embedding is looked up in the head's layout
+        when tied, except torch's tiled int4, which cannot be gathered by row: then, as for an
+        untied embedding, the stored codes (``torch_layers.lookup_weight``).
         """
 
         def get(name: str) -> Tensor | None:
@@ -68,7 +71,8 @@ class DeviceWeights:
                 value = torch.from_numpy(np.require(value, requirements=["C", "W"]))
             if not isinstance(value, Tensor):
                 raise TinyInferError(f"weight {name} is a {type(value).__name__}, not an array: "
-                                     "only the blocks' linear layers can be quantized")
+                                     "only the blocks' linear layers, the embedding and the LM "
+                                     "head can be quantized")
             return value.to(device=device, dtype=dtype)
 
         def linear_weight(prefix: str, names: tuple[str, ...]) -> Tensor | QuantWeight:
@@ -101,8 +105,18 @@ class DeviceWeights:
                 mlp_in=(linear_weight(p, mlp_in), fused(p, mlp_in, "bias")),
                 mlp_out=(linear_weight(p, (mlp_out,)), get(f"{p}{mlp_out}.bias")),
             ))
-        embed, head = need("embed"), get("lm_head")
-        return cls(embed=embed, pos_embed=get("pos_embed"), head=embed if head is None else head,
+        tied = "lm_head" not in weights
+        table = weights.get("embed")
+        head_table = table if tied else weights["lm_head"]
+        head = (device_weight(head_table, device, dtype, kernel=quant_kernel)
+                if isinstance(head_table, QuantizedWeight) else need("embed" if tied else "lm_head"))
+        if tied and not isinstance(head, Int4Weight):
+            embed: Tensor | QuantWeight = head
+        elif isinstance(table, QuantizedWeight):
+            embed = lookup_weight(table, device)
+        else:
+            embed = need("embed")
+        return cls(embed=embed, pos_embed=get("pos_embed"), head=head,
                    final_norm=(need("final_norm.weight"), get("final_norm.bias")), layers=layers)
 
     def streamed_bytes(self) -> int:

@@ -13,7 +13,10 @@ quantized (``info`` shows their real memory, the quantization panel their real c
 * Q4_1 — 32 nibbles, a float16 scale and a float16 minimum, weight = nibble * scale + minimum:
   int4-g32-min.
 
-Other block formats (the K-quants, Q5_*, ...) are dequantized to float32 as they load.
+Other block formats (the K-quants, Q5_*, ...) are dequantized to float32 as they load. The token
+embedding and LM head (``token_embd``, ``output``) are dequantized too, unless the load asks to
+keep them quantized (``quantize_head``): then they stay in their own block format, which need not
+be the blocks' (SmolLM2's Q4_1 file stores its tied embedding as Q8_0).
 llama.cpp's converter reorders the rows of a Llama model's q and k projections for its
 interleaved RoPE; they are put back in Hugging Face's order here, so one model code serves both.
 """
@@ -21,6 +24,7 @@ interleaved RoPE; they are put back in Hugging Face's order here, so one model c
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -85,6 +89,7 @@ PRE_TOKENIZERS = {
     "qwen2": _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}"),
 }
 CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values of added tokens
+HEAD_TENSORS = ("token_embd.weight", "output.weight")  # the embedding and LM head (absent when tied)
 TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight"}
 
@@ -229,29 +234,44 @@ class GGUFCheckpoint:
 
     # ------------------------------------------------------------ weights
 
-    def weights(self, config: ModelConfig) -> dict[str, WeightArray | QuantizedWeight]:
-        """Runner weights by tinyinfer name; the linear layers in `kept_format` where it is one."""
-        kept = self.kept_format()
+    def weights(self, config: ModelConfig, head: bool = False) -> dict[str, WeightArray | QuantizedWeight]:
+        """Runner weights by tinyinfer name; the linear layers in `kept_format` where it is one,
+        and with ``head`` the embedding and LM head in their own block formats."""
+        kept = self.kept_format(head)
         arrays: dict[str, WeightArray | QuantizedWeight] = {}
         origin: dict[str, str] = {}
         for name, tensor in self.tensors.items():
             hf_name = self._hf_name(name)
             if hf_name is None:
                 continue
-            value = (self._quantized(tensor) if kept is not None and _is_linear(hf_name)
-                     else self._floats(tensor))
+            quantized = kept is not None and (_is_linear(hf_name) or (head and name in HEAD_TENSORS))
+            value = self._quantized(tensor) if quantized else self._floats(tensor)
             if self.architecture == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = config.num_heads if "q_proj" in hf_name else config.num_kv_heads
                 value = _unpermute_rows(value, heads)
             arrays[hf_name], origin[hf_name] = value, f"{self.path} ({name})"
         return map_weights(config, arrays, origin)
 
-    def kept_format(self) -> QuantConfig | None:
+    def kept_format(self, head: bool = False) -> QuantConfig | None:
         """The tinyinfer format the linear layers stay in: one that all of their blocks are in,
-        or None (floats, other block formats, or a mix: all dequantized)."""
+        or None (floats, other block formats, or a mix: all dequantized). With ``head`` the
+        embedding and LM head stay quantized too (``QuantConfig.head``), or a CheckpointError
+        says why they cannot."""
         kinds = {tensor.tensor_type for name, tensor in self.tensors.items()
                  if _is_linear(self._hf_name(name) or "")}
-        return KEPT.get(kinds.pop()) if len(kinds) == 1 else None
+        kept = KEPT.get(kinds.pop()) if len(kinds) == 1 else None
+        if not head:
+            return kept
+        if kept is None:
+            raise CheckpointError(f"{self.path}: its linear layers are not all in one of Q8_0, Q4_0 "
+                                  "and Q4_1, so they load as floats: load it without quantize_head")
+        for name in HEAD_TENSORS:
+            tensor = self.tensors.get(name)
+            if tensor is not None and tensor.tensor_type not in KEPT:
+                raise CheckpointError(f"{self.path}: {name} is stored as {tensor.tensor_type.name}, "
+                                      "not Q8_0, Q4_0 or Q4_1, so it cannot stay quantized: load it "
+                                      "without quantize_head")
+        return replace(kept, head=True)
 
     def stored_as(self) -> dict[str, int]:
         """Bytes of the file's tensors by block format, most first (F32, Q4_1, ...)."""
@@ -287,7 +307,8 @@ class GGUFCheckpoint:
         return values.reshape(shape).astype(np.float32, copy=False)
 
     def _quantized(self, tensor: Any) -> QuantizedWeight:
-        """A Q8_0 / Q4_0 / Q4_1 linear weight as the tinyinfer format with its numbers."""
+        """A Q8_0 / Q4_0 / Q4_1 weight (a linear layer, the embedding or LM head) as the
+        tinyinfer format with its numbers."""
         config = KEPT[tensor.tensor_type]
         n, out = (int(d) for d in tensor.shape)
         blocks = np.asarray(tensor.data).reshape(out, n // 32, -1)  # [out, groups, block bytes]

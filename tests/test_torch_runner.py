@@ -190,6 +190,93 @@ def test_triton_decode_kernel_matches_torch_version_in_interpreter():
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
+# q new tokens for each of three sequences, as a verification step feeds the attention: the
+# builder below is run here and, as text, in the Triton interpreter's subprocess.
+VERIFY_CASE = """
+def verify_case(heads, kv_heads, hd, page, rope, q_len, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    k_cache, v_cache = torch.randn(2, 60, page, kv_heads, hd, generator=g).unbind(0)
+    qkv = torch.randn(3 * q_len, (heads + 2 * kv_heads) * hd, generator=g)
+    first = torch.tensor([0, 5, 18 * page - q_len])  # the last ends on its 18th page
+    positions = (first[:, None] + torch.arange(q_len)).flatten()  # [3 q]
+    tables = torch.randperm(60, generator=g)[:54].view(3, 18)  # each sequence owns its pages
+    seqs = torch.arange(3).repeat_interleave(q_len)
+    slots = tables[seqs, positions // page] * page + positions % page
+    angles = torch.arange(512.0, dtype=torch.float64)[:, None] * torch.rand(hd // 2, generator=g)
+    cos, sin = (angles.cos().float(), angles.sin().float()) if rope else (None, None)
+    return qkv, positions, slots, tables, (k_cache, v_cache), cos, sin
+"""
+exec(VERIFY_CASE)
+VERIFY_SHAPES = [(4, 2, 16, 4, True), (6, 2, 24, 4, True), (4, 4, 16, 8, False), (4, 1, 32, 16, True)]
+
+
+@pytest.mark.parametrize("shape", VERIFY_SHAPES)
+def test_decode_attention_takes_several_query_tokens_per_sequence(shape):
+    """Verification's q = 5 rows per sequence through the decode path equal the prefill path's
+    causal attention (another implementation), and five one-row decode steps."""
+    from tinyinfer.runners import torch_layers
+
+    heads, kv_heads, hd, page, rope = shape
+    qkv, positions, slots, tables, cache, cos, sin = verify_case(*shape, q_len=5)  # noqa: F821
+    got_cache = tuple(c.clone() for c in cache)
+    got = torch_layers.paged_decode_attention(qkv, positions, slots, tables, *got_cache, cos, sin, heads)
+    assert got.shape == (15, heads * hd)
+    ref_cache = tuple(c.clone() for c in cache)
+    for b in range(3):
+        rows = slice(5 * b, 5 * b + 5)
+        q, k, v = torch_layers.split_qkv(qkv[rows], heads, kv_heads, hd)
+        if rope:
+            c, s = cos[positions[rows]], sin[positions[rows]]
+            q, k = torch_layers.apply_rope(q, c, s), torch_layers.apply_rope(k, c, s)
+        torch_layers.write_kv(*ref_cache, slots[rows], k, v)
+        context = int(positions[rows][-1]) + 1
+        ref = torch_layers.prefill_attention(q, k, v, positions[rows], *ref_cache,
+                                             tables[b, :-(-context // page)], context)
+        torch.testing.assert_close(got[rows], ref.flatten(1), atol=1e-5, rtol=1e-5)
+    assert torch.equal(got_cache[0], ref_cache[0]) and torch.equal(got_cache[1], ref_cache[1])
+    step_cache = tuple(c.clone() for c in cache)
+    for j in range(5):  # the same tokens decoded one step at a time
+        rows = torch.arange(3) * 5 + j
+        one = torch_layers.paged_decode_attention(qkv[rows], positions[rows], slots[rows], tables,
+                                                  *step_cache, cos, sin, heads)
+        torch.testing.assert_close(one, got[rows], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="triton is not installed; scripts/gpu_spec_bench.py runs the kernel on a GPU")
+def test_triton_kernel_verifies_drafts_row_for_row_as_it_decodes():
+    """In Triton's CPU interpreter: the kernel with 5 query rows per sequence matches the torch
+    version, and each row equals, bit for bit, the same token decoded alone (q = 1) over the
+    same cache — one attention path for decode and verification."""
+    code = "import torch\nfrom tinyinfer.runners import torch_layers, torch_triton\n" + VERIFY_CASE + (
+        "for heads, kv_heads, hd, page, rope in %r:\n"
+        "    qkv, positions, slots, tables, cache, cos, sin = verify_case(heads, kv_heads, hd, page, rope, 5)\n"
+        "    ref_cache = tuple(c.clone() for c in cache)\n"
+        "    ref = torch_layers.paged_decode_attention(qkv, positions, slots, tables, *ref_cache,\n"
+        "                                              cos, sin, heads)\n"
+        "    for splits in (1, 4):\n"
+        "        got_cache = tuple(c.clone() for c in cache)\n"
+        "        got = torch_triton.paged_decode_attention(qkv, positions, slots, tables, *got_cache,\n"
+        "                                                  cos, sin, heads, num_splits=splits)\n"
+        "        assert torch.allclose(got, ref, atol=1e-5), (heads, kv_heads, hd, splits)\n"
+        "        assert torch.equal(got_cache[0], ref_cache[0]) and torch.equal(got_cache[1], ref_cache[1])\n"
+        "        step_cache = tuple(c.clone() for c in cache)\n"
+        "        for j in range(5):\n"
+        "            rows = torch.arange(3) * 5 + j\n"
+        "            one = torch_triton.paged_decode_attention(qkv[rows], positions[rows], slots[rows],\n"
+        "                                                      tables, *step_cache, cos, sin, heads,\n"
+        "                                                      num_splits=splits)\n"
+        "            assert torch.equal(one, got[rows]), (heads, kv_heads, hd, splits, j)\n"
+        "        assert torch.equal(step_cache[0], got_cache[0]) and torch.equal(step_cache[1], got_cache[1])\n"
+        "print('ok')\n"
+    ) % (VERIFY_SHAPES,)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
 def test_forward_top_agrees_with_full_logits(oracle_model):
     """The on-device top-k reduction the engine uses for greedy rows matches the full logits."""
     from tinyinfer.runners.runner import make_batch

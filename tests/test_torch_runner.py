@@ -81,6 +81,20 @@ def test_mixed_batches_match_reference(name, oracle_model):
     assert_runners_agree(ref.runner, fast.runner, steps, page_size=4, tol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa-untied"])
+def test_verification_batches_match_reference(name, oracle_model):
+    """Uniform batches of q tokens per sequence with every row's logits — a verification step,
+    which takes the decode attention path — match the reference, after and between decodes."""
+    folder, _ = oracle_model(name)
+    ref, fast = load_pair(folder)
+    rng = np.random.default_rng(9)
+    ids = rng.integers(0, ref.config.vocab_size, (3, 24)).tolist()
+    tables = [[7, 2, 11, 4, 0, 9], [1, 8, 3, 10, 5, 6], [12, 13, 14, 15, 16, 17]]
+    bounds = [(0, 7), (7, 12), (12, 13), (13, 16), (16, 21)]  # prefill, q = 5, decode, 3, 5
+    steps = ([(ids[s][a:b], a, tables[s], b - a > 1 and a > 0) for s in range(3)] for a, b in bounds)
+    assert_runners_agree(ref.runner, fast.runner, steps, page_size=4, tol=1e-4)
+
+
 def test_bundled_model_matches_reference():
     ref, fast = load_pair("bundled")
     ids = np.random.default_rng(3).integers(0, ref.config.vocab_size, 64).tolist()

@@ -254,6 +254,9 @@ class Engine:
                 return self._finish_step(out, steps, freed, t0, t1, t2, t3)
         logits, rows = self._forward(out.chunks, drafts)
         t3 = time.perf_counter()
+        if drafts:
+            self.spec_stats.draft_seconds += t2 - t1
+            self.spec_stats.verify_seconds += t3 - t2
         steps, freed = [], []
         for chunk, rows_of_chunk in zip(out.chunks, rows):
             draft = drafts.get(chunk.seq.seq_id)
@@ -440,6 +443,7 @@ class Engine:
         stats.verify_steps += 1
         stats.drafted += len(draft.tokens)
         stats.accepted += result.accepted
+        stats.rejected += result.accepted < len(draft.tokens)
         stats.emitted += len(emitted)
         if reason is not None:
             pages = self._finish(seq, reason)

@@ -16,12 +16,16 @@ from typing import Any
 
 import numpy as np
 
+from tinyinfer.bench.oracle import OracleDrafter
 from tinyinfer.display import progress
 from tinyinfer.display.tables import table
 from tinyinfer.engine import Engine
 from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.model import Model
 from tinyinfer.sampling import SamplingParams
+from tinyinfer.simulate.model import speculative_speedup
+from tinyinfer.simulate.quantity import given
+from tinyinfer.speculative import SpeculativeStats
 
 
 @dataclass(frozen=True)
@@ -166,9 +170,15 @@ class SpeculativeResult:
     output_tokens: int
     plain_tokens_per_second: float
     speculative_tokens_per_second: float
-    acceptance_rate: float
+    acceptance_rate: float  # accepted / drafted
+    token_acceptance: float  # accepted / examined: the closed form's per-token α
     mean_accepted: float
     identical: bool  # greedy speculative output equals plain greedy output
+    plain_step_ms: float  # plain decoding's time per token
+    draft_step_ms: float  # one drafted token (a draft-model step, with its overhead)
+    verify_ms: float  # one verification forward of k + 1 tokens
+    closed_form_speedup: float  # the simulator's formula at token_acceptance and these costs
+    asked_acceptance: float | None = None  # the oracle drafter's rate
 
     @property
     def speedup(self) -> float:
@@ -212,12 +222,20 @@ def speculative_prompts(model: Model, task: str, count: int = 8, seed: int = 0) 
 
 def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_tokens: int = 128,
                       num_draft: int = 4) -> SpeculativeResult:
-    """Greedy decode of each prompt alone, plain vs speculative (warmed up once each)."""
+    """Greedy decode of each prompt alone, plain vs speculative (warmed up once each).
+
+    The oracle drafter follows the plain run's tokens through an untimed speculative pass (its
+    warm-up), then the tokens of that pass through the timed one (see bench/oracle.py).
+    """
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
 
-    def run(engine: Engine, label: str) -> tuple[list[list[int]], float]:
+    def run(engine: Engine, label: str, follow: bool = False) -> tuple[list[list[int]], float]:
         with progress.task(f"{label}: prompts", total=len(prompts)) as advance:
-            engine.generate([prompts[0]], params)  # warm-up: compilation, graphs, caches
+            warm_up = prompts if follow else [prompts[0]]
+            warm = [c.token_ids for c in engine.generate(warm_up, params)]  # compile, graphs, caches
+            if follow:
+                drafter.follow(prompts, warm)
+            engine.spec_stats = SpeculativeStats()
             start = time.perf_counter()
             outputs = []
             for p in prompts:
@@ -226,9 +244,20 @@ def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_
             return outputs, time.perf_counter() - start
 
     plain, plain_s = run(Engine(model, max_num_seqs=1, detail="none"), "plain")
+    oracle = isinstance(drafter, OracleDrafter)
+    if oracle:
+        drafter.follow(prompts, plain)
     spec_engine = Engine(model, max_num_seqs=1, detail="none", drafter=drafter, num_draft=num_draft)
-    spec, spec_s = run(spec_engine, "speculative")
+    spec, spec_s = run(spec_engine, "speculative", follow=oracle)
     tokens = sum(len(o) for o in plain)
     stats = spec_engine.spec_stats
+    plain_step = plain_s / tokens
+    draft_step = stats.draft_seconds / max(stats.drafted, 1)
+    verify_time = stats.verify_seconds / max(stats.verify_steps, 1)
+    closed = speculative_speedup(given("k", num_draft), given("acceptance", stats.token_acceptance),
+                                 given("draft_step_time", draft_step), given("verify_time", verify_time),
+                                 given("tpot", plain_step))["spec_speedup"].value
     return SpeculativeResult(drafter.name, num_draft, tokens, tokens / plain_s, tokens / spec_s,
-                             stats.acceptance_rate, stats.mean_accepted, spec == plain)
+                             stats.acceptance_rate, stats.token_acceptance, stats.mean_accepted,
+                             spec == plain, 1e3 * plain_step, 1e3 * draft_step, 1e3 * verify_time,
+                             closed, drafter.acceptance if oracle else None)

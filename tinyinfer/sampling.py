@@ -211,6 +211,8 @@ def apply_penalties(
 
 def _top_indices(values: np.ndarray, n: int) -> np.ndarray:
     """Indices of the n largest values, largest first, ties broken toward the lowest id."""
+    if n == 1 < values.size:  # argmax takes the first of equal maxima, in one pass
+        return np.array([int(np.argmax(values))])
     if n >= values.size:
         candidates = np.arange(values.size)
     else:

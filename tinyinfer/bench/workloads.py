@@ -220,36 +220,42 @@ def speculative_prompts(model: Model, task: str, count: int = 8, seed: int = 0) 
     return prompts
 
 
+def greedy_alone(engine: Engine, prompts: list[list[int]], max_tokens: int,
+                 label: str = "plain") -> tuple[list[list[int]], float]:
+    """Greedy decode of each prompt alone after one warm-up prompt (compilation, graphs,
+    caches): the outputs and the seconds they took."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    with progress.task(f"{label}: prompts", total=len(prompts)) as advance:
+        engine.generate([prompts[0]], params)
+        engine.spec_stats = SpeculativeStats()
+        start = time.perf_counter()
+        outputs = []
+        for p in prompts:
+            outputs.append(engine.generate([p], params)[0].token_ids)
+            advance()
+        return outputs, time.perf_counter() - start
+
+
 def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_tokens: int = 128,
-                      num_draft: int = 4) -> SpeculativeResult:
+                      num_draft: int = 4,
+                      plain: tuple[list[list[int]], float] | None = None) -> SpeculativeResult:
     """Greedy decode of each prompt alone, plain vs speculative (warmed up once each).
 
-    The oracle drafter follows the plain run's tokens through an untimed speculative pass (its
-    warm-up), then the tokens of that pass through the timed one (see bench/oracle.py).
+    ``plain``: greedy_alone's result for the plain engine, when several drafters share it.
+    The oracle drafter follows the plain run's tokens through an untimed speculative pass,
+    then the tokens of that pass through the timed one (see bench/oracle.py).
     """
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-
-    def run(engine: Engine, label: str, follow: bool = False) -> tuple[list[list[int]], float]:
-        with progress.task(f"{label}: prompts", total=len(prompts)) as advance:
-            warm_up = prompts if follow else [prompts[0]]
-            warm = [c.token_ids for c in engine.generate(warm_up, params)]  # compile, graphs, caches
-            if follow:
-                drafter.follow(prompts, warm)
-            engine.spec_stats = SpeculativeStats()
-            start = time.perf_counter()
-            outputs = []
-            for p in prompts:
-                outputs.append(engine.generate([p], params)[0].token_ids)
-                advance()
-            return outputs, time.perf_counter() - start
-
-    plain, plain_s = run(Engine(model, max_num_seqs=1, detail="none"), "plain")
+    if plain is None:
+        plain = greedy_alone(Engine(model, max_num_seqs=1, detail="none"), prompts, max_tokens)
+    plain_ids, plain_s = plain
+    spec_engine = Engine(model, max_num_seqs=1, detail="none", drafter=drafter, num_draft=num_draft)
     oracle = isinstance(drafter, OracleDrafter)
     if oracle:
-        drafter.follow(prompts, plain)
-    spec_engine = Engine(model, max_num_seqs=1, detail="none", drafter=drafter, num_draft=num_draft)
-    spec, spec_s = run(spec_engine, "speculative", follow=oracle)
-    tokens = sum(len(o) for o in plain)
+        drafter.follow(prompts, plain_ids)
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        drafter.follow(prompts, [c.token_ids for c in spec_engine.generate(prompts, params)])
+    spec, spec_s = greedy_alone(spec_engine, prompts, max_tokens, "speculative")
+    tokens = sum(len(o) for o in plain_ids)
     stats = spec_engine.spec_stats
     plain_step = plain_s / tokens
     draft_step = stats.draft_seconds / max(stats.drafted, 1)
@@ -259,5 +265,5 @@ def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_
                                  given("tpot", plain_step))["spec_speedup"].value
     return SpeculativeResult(drafter.name, num_draft, tokens, tokens / plain_s, tokens / spec_s,
                              stats.acceptance_rate, stats.token_acceptance, stats.mean_accepted,
-                             spec == plain, 1e3 * plain_step, 1e3 * draft_step, 1e3 * verify_time,
+                             spec == plain_ids, 1e3 * plain_step, 1e3 * draft_step, 1e3 * verify_time,
                              closed, drafter.acceptance if oracle else None)

@@ -649,14 +649,20 @@ class DraftRun:
             live = [i for i in active if len(tokens[i]) < ks[i]]
             if not live:
                 break
-            feeds = []
+            feeds, last_rows, rows = [], [], 0
             for i in live:
                 seq, history = seqs[i], seqs[i].all_ids + tokens[i]
                 start = self.computed[seq.seq_id]
-                feeds.append((history[start:], start, self.pool.page_table(seq.seq_id), False))
+                # A catch-up of a few tokens (the last guess and the target's bonus token) asks
+                # for every row's logits, as a decode step does, so the runner can replay a
+                # CUDA graph; a long one (the prompt) only for its last row.
+                every_row = len(history) - start <= rounds + 1
+                feeds.append((history[start:], start, self.pool.page_table(seq.seq_id), every_row))
+                rows += len(history) - start if every_row else 1
+                last_rows.append(rows - 1)
                 self.computed[seq.seq_id] = len(history)
             logits = self.runner.forward(make_batch(feeds, self.pool.page_size), self.kv_cache)
-            for row, i in enumerate(live):
+            for row, i in zip(last_rows, live):
                 token, q = self.drafter.guess(seqs[i], tokens[i], logits[row])
                 tokens[i].append(token)
                 probs[i].append(q)

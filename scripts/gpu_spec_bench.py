@@ -179,7 +179,7 @@ def oracle(results: dict) -> None:
             gc.collect()
             log(f"  oracle a={alpha} k={k}: {r.speedup:.2f}x (closed form {r.closed_form_speedup:.2f}x), "
                 f"acceptance {r.token_acceptance:.3f}, draft {r.draft_step_ms:.2f} ms, verify "
-                f"{r.verify_ms:.2f} ms, plain {r.plain_step_ms:.2f} ms")
+                f"{r.verify_ms:.2f} ms, rest {r.other_ms:.2f} ms, plain {r.plain_step_ms:.2f} ms")
     again = bench.greedy_alone(Engine(big, max_num_seqs=1, detail="none"), prompts, tokens)
     results["target_plain_step_ms_again"] = 1e3 * again[1] / sum(len(o) for o in again[0])
 

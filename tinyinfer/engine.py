@@ -270,7 +270,10 @@ class Engine:
                 seq_step = self._with_detail(seq_step, len(steps), logits[row])
             steps.append(seq_step)
             freed += pages
-        return self._finish_step(out, steps, freed, t0, t1, t2, t3)
+        trace = self._finish_step(out, steps, freed, t0, t1, t2, t3)
+        if drafts:
+            self.spec_stats.step_seconds += time.perf_counter() - t0
+        return trace
 
     def _finish_step(self, out: SchedulerOutput, steps: list[SeqStep], freed: list[int],
                      t0: float, t1: float, t2: float, t3: float) -> StepTrace:

@@ -163,6 +163,7 @@ class SpeculativeStats:
     emitted: int = 0  # tokens produced by those forwards
     draft_seconds: float = 0.0  # wall time drafting, in steps that verified a draft
     verify_seconds: float = 0.0  # wall time of those steps' target forwards
+    step_seconds: float = 0.0  # wall time of those steps, start to end
 
     @property
     def acceptance_rate(self) -> float:

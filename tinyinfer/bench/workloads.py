@@ -177,6 +177,7 @@ class SpeculativeResult:
     plain_step_ms: float  # plain decoding's time per token
     draft_step_ms: float  # one drafted token (a draft-model step, with its overhead)
     verify_ms: float  # one verification forward of k + 1 tokens
+    other_ms: float  # the rest of a speculative step: scheduling, acceptance, bookkeeping
     closed_form_speedup: float  # the simulator's formula at token_acceptance and these costs
     asked_acceptance: float | None = None  # the oracle drafter's rate
 
@@ -260,10 +261,11 @@ def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_
     plain_step = plain_s / tokens
     draft_step = stats.draft_seconds / max(stats.drafted, 1)
     verify_time = stats.verify_seconds / max(stats.verify_steps, 1)
+    other = (stats.step_seconds - stats.draft_seconds - stats.verify_seconds) / max(stats.verify_steps, 1)
     closed = speculative_speedup(given("k", num_draft), given("acceptance", stats.token_acceptance),
                                  given("draft_step_time", draft_step), given("verify_time", verify_time),
                                  given("tpot", plain_step))["spec_speedup"].value
     return SpeculativeResult(drafter.name, num_draft, tokens, tokens / plain_s, tokens / spec_s,
                              stats.acceptance_rate, stats.token_acceptance, stats.mean_accepted,
                              spec == plain_ids, 1e3 * plain_step, 1e3 * draft_step, 1e3 * verify_time,
-                             closed, drafter.acceptance if oracle else None)
+                             1e3 * other, closed, drafter.acceptance if oracle else None)

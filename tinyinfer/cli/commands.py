@@ -221,7 +221,7 @@ def _bench_speculative(model, args: argparse.Namespace):
           f"{100 * result.token_acceptance:.0f}%), {result.mean_accepted:.2f} accepted per verify, "
           f"identical output: {result.identical}")
     print(f"costs: plain step {result.plain_step_ms:.2f} ms, draft step {result.draft_step_ms:.2f} ms, "
-          f"verify {result.verify_ms:.2f} ms; closed form (simulator's formula) "
+          f"verify {result.verify_ms:.2f} ms, rest of a step {result.other_ms:.2f} ms; closed form (simulator's formula) "
           f"{result.closed_form_speedup:.2f}x")
     return result
 

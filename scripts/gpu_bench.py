@@ -175,8 +175,9 @@ def decode_at_context(config, kv_cache_dtype: str, batch: int, prompt: int, new:
         finite = finite and bool(np.isfinite(top.values).all() and np.isfinite(top.logsumexp).all())
     warm = min(3, new - 1)  # the first steps compile and capture
     replay_ms = attention_us = float("nan")
-    if on_cuda and kv.graphs is not None:
-        graph, _ = kv.graphs.graphs[kv.graphs.padded_size(batch)]
+    if on_cuda and kv.graphs and 1 in kv.graphs:
+        decode = kv.graphs[1]  # one token per sequence
+        graph, _ = decode.graphs[decode.padded_size(batch)]
         replay_ms = cuda_ms(graph.replay, 20)  # the last step again: same K/V rewritten
         attention_us = attention_per_layer(runner, kv, torch_triton, batch, prompt + new - 1, tables, page)
     context = prompt + new // 2

@@ -367,7 +367,7 @@ def bench_decode(name: str, raw: dict[str, Any], bandwidth: float, device: torch
     forward_ms = statistics.median(decode_once() for _ in range(decode_steps))
     context = position - decode_steps // 2  # median context over the timed steps
 
-    graph, _ = kv.graphs.graphs[1] if kv.graphs is not None else (None, None)
+    graph, _ = kv.graphs[1].graphs[1] if kv.graphs and 1 in kv.graphs else (None, None)
     replay_ms = median_ms(graph.replay, 100, device) if graph is not None else float("nan")
     replay_context = position - 1  # the replay repeats the last staged step
 

@@ -153,16 +153,17 @@ def decode_speed(name: str, raw: dict[str, Any], variant: str, bandwidth: float,
     forward_ms = statistics.median(decode_once() for _ in range(decode_steps))
     context = position - decode_steps // 2
     replay_ms = batch16_ms = float("nan")
-    if kv.graphs is not None and 1 in kv.graphs.graphs:
-        replay_ms = median_ms(kv.graphs.graphs[1][0].replay, 100, device)
+    decode = kv.graphs[1] if kv.graphs and 1 in kv.graphs else None  # one token per sequence
+    if decode is not None and 1 in decode.graphs:
+        replay_ms = median_ms(decode.graphs[1][0].replay, 100, device)
         # 16 sequences at the same context, each on its own pages (their K/V are left as the
         # cache holds them: the step's cost does not depend on the values)
         tables = [[p + (s + 1) * len(table) for p in table] for s in range(16)]
         batch16 = make_batch([([1], position, t, False) for t in tables], BLOCK)
         for _ in range(2):
             runner.forward(batch16, kv)
-        if 16 in kv.graphs.graphs:
-            batch16_ms = median_ms(kv.graphs.graphs[16][0].replay, 50, device)
+        if 16 in decode.graphs:
+            batch16_ms = median_ms(decode.graphs[16][0].replay, 50, device)
 
     def roofline(ms: float, ctx: int) -> dict[str, float]:
         floor_ms = (weight_bytes + ctx * kv_token_bytes) / (bandwidth * 1e9) * 1e3

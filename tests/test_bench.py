@@ -151,6 +151,16 @@ def test_quantize_with_a_transformers_peer_is_refused_in_one_line():
                            "run without --quantize\n")
 
 
+def test_acceptance_without_the_oracle_or_out_of_range_is_refused_in_one_line():
+    done = cli("bench", "speculative", "--acceptance", "0.8")
+    assert done.returncode == 2
+    assert done.stderr == ("tinyinfer: error: --acceptance sets the oracle drafter's rate: add "
+                           "--speculative oracle\n")
+    done = cli("bench", "speculative", "--speculative", "oracle", "--acceptance", "1.5")
+    assert done.returncode == 2
+    assert done.stderr == "tinyinfer: error: --acceptance must be within 0..1, got 1.5\n"
+
+
 def test_quantize_with_tensor_parallel_presets_is_refused_in_one_line():
     done = cli("bench", "latency", "--preset", "gpt2", "--device", "cpu", "--quantize", "int8",
                "--tensor-parallel", "2")
@@ -174,3 +184,24 @@ def test_latency_with_an_int8_kv_cache_names_it_and_counts_its_bytes(tmp_path):
     tokens = 16 + 3 // 2  # the context the roofline counts: the prompt and half the new tokens
     saved = runs["auto"]["bytes_per_step"] - runs["int8"]["bytes_per_step"]  # same weights in both
     assert saved == (config.kv_bytes_per_token(4) - config.kv_bytes_per_token(1, 2)) * tokens
+
+
+def test_oracle_drafter_is_accepted_at_the_asked_rate():
+    """The oracle proposes the target's greedy tokens, each corrupted with chance 1 - α: over
+    hundreds of examined draft tokens (seeded) the target keeps a share within four standard
+    errors of α, the output stays the plain greedy output, and the bench compares the speedup
+    with the simulator's closed form."""
+    from tinyinfer.bench.oracle import OracleDrafter
+
+    target, draft = tinyinfer.load("bundled", runner="torch"), tinyinfer.load("bundled-draft", runner="torch")
+    prompts = bench.speculative_prompts(target, "continue")
+    for alpha in (0.6, 0.9):
+        drafter = OracleDrafter(draft, alpha, seed=1)
+        result = bench.bench_speculative(target, drafter, prompts, max_tokens=96, num_draft=4)
+        verify_steps = result.output_tokens / (result.mean_accepted + 1)
+        examined = round(result.mean_accepted * verify_steps)  # accepted alone: fewer than examined
+        tolerance = 4 * (alpha * (1 - alpha) / 300) ** 0.5  # at least 300 examined tokens
+        assert result.identical and result.asked_acceptance == alpha
+        assert abs(result.token_acceptance - alpha) <= tolerance, (alpha, result.token_acceptance)
+        assert result.acceptance_rate < result.token_acceptance  # drafts after a rejection unexamined
+        assert examined >= 300 and result.closed_form_speedup > 0

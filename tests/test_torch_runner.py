@@ -81,6 +81,20 @@ def test_mixed_batches_match_reference(name, oracle_model):
     assert_runners_agree(ref.runner, fast.runner, steps, page_size=4, tol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa-untied"])
+def test_verification_batches_match_reference(name, oracle_model):
+    """Uniform batches of q tokens per sequence with every row's logits — a verification step,
+    which takes the decode attention path — match the reference, after and between decodes."""
+    folder, _ = oracle_model(name)
+    ref, fast = load_pair(folder)
+    rng = np.random.default_rng(9)
+    ids = rng.integers(0, ref.config.vocab_size, (3, 24)).tolist()
+    tables = [[7, 2, 11, 4, 0, 9], [1, 8, 3, 10, 5, 6], [12, 13, 14, 15, 16, 17]]
+    bounds = [(0, 7), (7, 12), (12, 13), (13, 16), (16, 21)]  # prefill, q = 5, decode, 3, 5
+    steps = ([(ids[s][a:b], a, tables[s], b - a > 1 and a > 0) for s in range(3)] for a, b in bounds)
+    assert_runners_agree(ref.runner, fast.runner, steps, page_size=4, tol=1e-4)
+
+
 def test_bundled_model_matches_reference():
     ref, fast = load_pair("bundled")
     ids = np.random.default_rng(3).integers(0, ref.config.vocab_size, 64).tolist()
@@ -198,6 +212,102 @@ def test_triton_decode_kernel_matches_torch_version_in_interpreter(kv_cache_dtyp
         filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+# q new tokens for each of three sequences, as a verification step feeds the attention: the
+# builder below is run here and, as text, in the Triton interpreter's subprocess.
+VERIFY_CASE = """
+def verify_case(heads, kv_heads, hd, page, rope, q_len, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    k_cache, v_cache = torch.randn(2, 60, page, kv_heads, hd, generator=g).unbind(0)
+    qkv = torch.randn(3 * q_len, (heads + 2 * kv_heads) * hd, generator=g)
+    first = torch.tensor([0, 5, 18 * page - q_len])  # the last ends on its 18th page
+    positions = (first[:, None] + torch.arange(q_len)).flatten()  # [3 q]
+    tables = torch.randperm(60, generator=g)[:54].view(3, 18)  # each sequence owns its pages
+    seqs = torch.arange(3).repeat_interleave(q_len)
+    slots = tables[seqs, positions // page] * page + positions % page
+    angles = torch.arange(512.0, dtype=torch.float64)[:, None] * torch.rand(hd // 2, generator=g)
+    cos, sin = (angles.cos().float(), angles.sin().float()) if rope else (None, None)
+    return qkv, positions, slots, tables, (k_cache, v_cache), cos, sin
+"""
+exec(VERIFY_CASE)
+VERIFY_SHAPES = [(4, 2, 16, 4, True), (6, 2, 24, 4, True), (4, 4, 16, 8, False), (4, 1, 32, 16, True)]
+
+
+@pytest.mark.parametrize("shape", VERIFY_SHAPES)
+def test_decode_attention_takes_several_query_tokens_per_sequence(shape):
+    """Verification's q = 5 rows per sequence through the decode path equal the prefill path's
+    causal attention (another implementation), and five one-row decode steps."""
+    from tinyinfer.runners import torch_layers
+
+    heads, kv_heads, hd, page, rope = shape
+    qkv, positions, slots, tables, cache, cos, sin = verify_case(*shape, q_len=5)  # noqa: F821
+    got_cache = tuple(c.clone() for c in cache)
+    got = torch_layers.paged_decode_attention(qkv, positions, slots, tables, *got_cache, cos, sin, heads)
+    assert got.shape == (15, heads * hd)
+    ref_cache = tuple(c.clone() for c in cache)
+    for b in range(3):
+        rows = slice(5 * b, 5 * b + 5)
+        q, k, v = torch_layers.split_qkv(qkv[rows], heads, kv_heads, hd)
+        if rope:
+            c, s = cos[positions[rows]], sin[positions[rows]]
+            q, k = torch_layers.apply_rope(q, c, s), torch_layers.apply_rope(k, c, s)
+        torch_layers.write_kv(*ref_cache, slots[rows], k, v)
+        context = int(positions[rows][-1]) + 1
+        ref = torch_layers.prefill_attention(q, k, v, positions[rows], *ref_cache,
+                                             tables[b, :-(-context // page)], context)
+        torch.testing.assert_close(got[rows], ref.flatten(1), atol=1e-5, rtol=1e-5)
+    assert torch.equal(got_cache[0], ref_cache[0]) and torch.equal(got_cache[1], ref_cache[1])
+    step_cache = tuple(c.clone() for c in cache)
+    for j in range(5):  # the same tokens decoded one step at a time
+        rows = torch.arange(3) * 5 + j
+        one = torch_layers.paged_decode_attention(qkv[rows], positions[rows], slots[rows], tables,
+                                                  *step_cache, cos, sin, heads)
+        torch.testing.assert_close(one, got[rows], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="triton is not installed; scripts/gpu_spec_bench.py runs the kernel on a GPU")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_triton_kernel_verifies_drafts_row_for_row_as_it_decodes(kv_cache_dtype):
+    """In Triton's CPU interpreter: the kernel with 5 query rows per sequence matches the torch
+    version, and each row equals, bit for bit, the same token decoded alone (q = 1) over the
+    same cache — one attention path for decode and verification (int8 K/V: codes and scales
+    written and read the same way on both paths)."""
+    code = "import torch\nfrom tinyinfer.runners import torch_layers, torch_triton\n" + VERIFY_CASE + (
+        "for heads, kv_heads, hd, page, rope in %r:\n"
+        "    qkv, positions, slots, tables, cache, cos, sin = verify_case(heads, kv_heads, hd, page, rope, 5)\n"
+        "    if %r:  # random int8 codes, and scales of about a bf16 cache's spread\n"
+        "        g = torch.Generator().manual_seed(1)\n"
+        "        codes = torch.randint(-127, 128, (2, *cache[0].shape), dtype=torch.int8, generator=g)\n"
+        "        scales = (torch.rand(2, *cache[0].shape[:3], generator=g) * 0.03).half()\n"
+        "        cache = (*codes.unbind(0), *scales.unbind(0))\n"
+        "    def attend(attention, qkv, positions, slots, cache, **options):\n"
+        "        named = dict(zip(('k_scale', 'v_scale'), cache[2:]))\n"
+        "        return attention(qkv, positions, slots, tables, cache[0], cache[1], cos, sin, heads,\n"
+        "                         **named, **options)\n"
+        "    ref_cache = tuple(c.clone() for c in cache)\n"
+        "    ref = attend(torch_layers.paged_decode_attention, qkv, positions, slots, ref_cache)\n"
+        "    for splits in (1, 4):\n"
+        "        got_cache = tuple(c.clone() for c in cache)\n"
+        "        got = attend(torch_triton.paged_decode_attention, qkv, positions, slots, got_cache,\n"
+        "                     num_splits=splits)\n"
+        "        assert torch.allclose(got, ref, atol=1e-5), (heads, kv_heads, hd, splits)\n"
+        "        assert all(torch.equal(a, b) for a, b in zip(got_cache, ref_cache))\n"
+        "        step_cache = tuple(c.clone() for c in cache)\n"
+        "        for j in range(5):\n"
+        "            rows = torch.arange(3) * 5 + j\n"
+        "            one = attend(torch_triton.paged_decode_attention, qkv[rows], positions[rows],\n"
+        "                         slots[rows], step_cache, num_splits=splits)\n"
+        "            assert torch.equal(one, got[rows]), (heads, kv_heads, hd, splits, j)\n"
+        "        assert all(torch.equal(a, b) for a, b in zip(step_cache, got_cache))\n"
+        "print('ok')\n"
+    ) % (VERIFY_SHAPES, kv_cache_dtype == "int8")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 

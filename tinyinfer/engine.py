@@ -255,6 +255,9 @@ class Engine:
                 return self._finish_step(out, steps, freed, t0, t1, t2, t3)
         logits, rows = self._forward(out.chunks, drafts)
         t3 = time.perf_counter()
+        if drafts:
+            self.spec_stats.draft_seconds += t2 - t1
+            self.spec_stats.verify_seconds += t3 - t2
         steps, freed = [], []
         for chunk, rows_of_chunk in zip(out.chunks, rows):
             draft = drafts.get(chunk.seq.seq_id)
@@ -268,7 +271,10 @@ class Engine:
                 seq_step = self._with_detail(seq_step, len(steps), logits[row])
             steps.append(seq_step)
             freed += pages
-        return self._finish_step(out, steps, freed, t0, t1, t2, t3)
+        trace = self._finish_step(out, steps, freed, t0, t1, t2, t3)
+        if drafts:
+            self.spec_stats.step_seconds += time.perf_counter() - t0
+        return trace
 
     def _finish_step(self, out: SchedulerOutput, steps: list[SeqStep], freed: list[int],
                      t0: float, t1: float, t2: float, t3: float) -> StepTrace:
@@ -441,6 +447,7 @@ class Engine:
         stats.verify_steps += 1
         stats.drafted += len(draft.tokens)
         stats.accepted += result.accepted
+        stats.rejected += result.accepted < len(draft.tokens)
         stats.emitted += len(emitted)
         if reason is not None:
             pages = self._finish(seq, reason)
@@ -646,14 +653,20 @@ class DraftRun:
             live = [i for i in active if len(tokens[i]) < ks[i]]
             if not live:
                 break
-            feeds = []
+            feeds, last_rows, rows = [], [], 0
             for i in live:
                 seq, history = seqs[i], seqs[i].all_ids + tokens[i]
                 start = self.computed[seq.seq_id]
-                feeds.append((history[start:], start, self.pool.page_table(seq.seq_id), False))
+                # A catch-up of a few tokens (the last guess and the target's bonus token) asks
+                # for every row's logits, as a decode step does, so the runner can replay a
+                # CUDA graph; a long one (the prompt) only for its last row.
+                every_row = len(history) - start <= rounds + 1
+                feeds.append((history[start:], start, self.pool.page_table(seq.seq_id), every_row))
+                rows += len(history) - start if every_row else 1
+                last_rows.append(rows - 1)
                 self.computed[seq.seq_id] = len(history)
             logits = self.runner.forward(make_batch(feeds, self.pool.page_size), self.kv_cache)
-            for row, i in enumerate(live):
+            for row, i in zip(last_rows, live):
                 token, q = self.drafter.guess(seqs[i], tokens[i], logits[row])
                 tokens[i].append(token)
                 probs[i].append(q)

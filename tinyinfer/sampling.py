@@ -178,7 +178,8 @@ def _as_logits(logits: np.ndarray) -> np.ndarray:
     x = np.array(logits, dtype=np.float64)  # copy: callers' arrays are never modified
     if x.ndim != 1 or x.size == 0:
         raise ValueError(f"logits must be a non-empty 1-D array [V], got shape {x.shape}")
-    if np.isnan(x).any() or np.isposinf(x).any():
+    top = x.max()  # NaN if any is NaN: one pass finds both NaN and +inf
+    if np.isnan(top) or np.isposinf(top):
         raise InvalidLogitsError("logits contain NaN or +inf; the model produced invalid output")
     return x
 
@@ -211,6 +212,8 @@ def apply_penalties(
 
 def _top_indices(values: np.ndarray, n: int) -> np.ndarray:
     """Indices of the n largest values, largest first, ties broken toward the lowest id."""
+    if n == 1 < values.size:  # argmax takes the first of equal maxima, in one pass
+        return np.array([int(np.argmax(values))])
     if n >= values.size:
         candidates = np.arange(values.size)
     else:

@@ -159,11 +159,23 @@ class SpeculativeStats:
     verify_steps: int = 0  # target forwards that checked a draft
     drafted: int = 0
     accepted: int = 0
+    rejected: int = 0  # verify steps that turned a drafted token down (at most one each)
     emitted: int = 0  # tokens produced by those forwards
+    draft_seconds: float = 0.0  # wall time drafting, in steps that verified a draft
+    verify_seconds: float = 0.0  # wall time of those steps' target forwards
+    step_seconds: float = 0.0  # wall time of those steps, start to end
 
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def token_acceptance(self) -> float:
+        """The chance that a drafted token the target examined was kept: accepted / (accepted +
+        rejected) — the per-token rate α of the closed form (drafts after a rejection are never
+        examined, so acceptance_rate is lower)."""
+        examined = self.accepted + self.rejected
+        return self.accepted / examined if examined else 0.0
 
     @property
     def mean_accepted(self) -> float:

@@ -16,12 +16,16 @@ from typing import Any
 
 import numpy as np
 
+from tinyinfer.bench.oracle import OracleDrafter
 from tinyinfer.display import progress
 from tinyinfer.display.tables import table
 from tinyinfer.engine import Engine
 from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.model import Model
 from tinyinfer.sampling import SamplingParams
+from tinyinfer.simulate.model import speculative_speedup
+from tinyinfer.simulate.quantity import given
+from tinyinfer.speculative import SpeculativeStats
 
 
 @dataclass(frozen=True)
@@ -166,9 +170,16 @@ class SpeculativeResult:
     output_tokens: int
     plain_tokens_per_second: float
     speculative_tokens_per_second: float
-    acceptance_rate: float
+    acceptance_rate: float  # accepted / drafted
+    token_acceptance: float  # accepted / examined: the closed form's per-token α
     mean_accepted: float
     identical: bool  # greedy speculative output equals plain greedy output
+    plain_step_ms: float  # plain decoding's time per token
+    draft_step_ms: float  # one drafted token (a draft-model step, with its overhead)
+    verify_ms: float  # one verification forward of k + 1 tokens
+    other_ms: float  # the rest of a speculative step: scheduling, acceptance, bookkeeping
+    closed_form_speedup: float  # the simulator's formula at token_acceptance and these costs
+    asked_acceptance: float | None = None  # the oracle drafter's rate
 
     @property
     def speedup(self) -> float:
@@ -210,25 +221,51 @@ def speculative_prompts(model: Model, task: str, count: int = 8, seed: int = 0) 
     return prompts
 
 
-def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_tokens: int = 128,
-                      num_draft: int = 4) -> SpeculativeResult:
-    """Greedy decode of each prompt alone, plain vs speculative (warmed up once each)."""
+def greedy_alone(engine: Engine, prompts: list[list[int]], max_tokens: int,
+                 label: str = "plain") -> tuple[list[list[int]], float]:
+    """Greedy decode of each prompt alone after one warm-up prompt (compilation, graphs,
+    caches): the outputs and the seconds they took."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    with progress.task(f"{label}: prompts", total=len(prompts)) as advance:
+        engine.generate([prompts[0]], params)
+        engine.spec_stats = SpeculativeStats()
+        start = time.perf_counter()
+        outputs = []
+        for p in prompts:
+            outputs.append(engine.generate([p], params)[0].token_ids)
+            advance()
+        return outputs, time.perf_counter() - start
 
-    def run(engine: Engine, label: str) -> tuple[list[list[int]], float]:
-        with progress.task(f"{label}: prompts", total=len(prompts)) as advance:
-            engine.generate([prompts[0]], params)  # warm-up: compilation, graphs, caches
-            start = time.perf_counter()
-            outputs = []
-            for p in prompts:
-                outputs.append(engine.generate([p], params)[0].token_ids)
-                advance()
-            return outputs, time.perf_counter() - start
 
-    plain, plain_s = run(Engine(model, max_num_seqs=1, detail="none"), "plain")
+def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_tokens: int = 128,
+                      num_draft: int = 4,
+                      plain: tuple[list[list[int]], float] | None = None) -> SpeculativeResult:
+    """Greedy decode of each prompt alone, plain vs speculative (warmed up once each).
+
+    ``plain``: greedy_alone's result for the plain engine, when several drafters share it.
+    The oracle drafter follows the plain run's tokens through an untimed speculative pass,
+    then the tokens of that pass through the timed one (see bench/oracle.py).
+    """
+    if plain is None:
+        plain = greedy_alone(Engine(model, max_num_seqs=1, detail="none"), prompts, max_tokens)
+    plain_ids, plain_s = plain
     spec_engine = Engine(model, max_num_seqs=1, detail="none", drafter=drafter, num_draft=num_draft)
-    spec, spec_s = run(spec_engine, "speculative")
-    tokens = sum(len(o) for o in plain)
+    oracle = isinstance(drafter, OracleDrafter)
+    if oracle:
+        drafter.follow(prompts, plain_ids)
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        drafter.follow(prompts, [c.token_ids for c in spec_engine.generate(prompts, params)])
+    spec, spec_s = greedy_alone(spec_engine, prompts, max_tokens, "speculative")
+    tokens = sum(len(o) for o in plain_ids)
     stats = spec_engine.spec_stats
+    plain_step = plain_s / tokens
+    draft_step = stats.draft_seconds / max(stats.drafted, 1)
+    verify_time = stats.verify_seconds / max(stats.verify_steps, 1)
+    other = (stats.step_seconds - stats.draft_seconds - stats.verify_seconds) / max(stats.verify_steps, 1)
+    closed = speculative_speedup(given("k", num_draft), given("acceptance", stats.token_acceptance),
+                                 given("draft_step_time", draft_step), given("verify_time", verify_time),
+                                 given("tpot", plain_step))["spec_speedup"].value
     return SpeculativeResult(drafter.name, num_draft, tokens, tokens / plain_s, tokens / spec_s,
-                             stats.acceptance_rate, stats.mean_accepted, spec == plain)
+                             stats.acceptance_rate, stats.token_acceptance, stats.mean_accepted,
+                             spec == plain_ids, 1e3 * plain_step, 1e3 * draft_step, 1e3 * verify_time,
+                             1e3 * other, closed, drafter.acceptance if oracle else None)

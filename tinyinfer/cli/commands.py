@@ -84,9 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_alias(bench, "--decode-tokens", "max_tokens", type=positive_int)
     bench.add_argument("--system-tokens", type=positive_int, default=512, metavar="N",
                        help="shared prefix length (prefix)")
-    bench.add_argument("--speculative", choices=("draft", "lookup"), default="draft",
-                       help="drafter for the speculative workload")
-    bench.add_argument("--draft-model", default="bundled-draft", help="draft model (speculative)")
+    bench.add_argument("--speculative", choices=("draft", "lookup", "oracle"), default="draft",
+                       help="drafter for the speculative workload; oracle: the draft model runs "
+                            "for its cost while the target's own greedy tokens are proposed, "
+                            "each kept with chance --acceptance")
+    bench.add_argument("--draft-model", default=None,
+                       help="draft model (speculative; default bundled-draft, or with --preset "
+                            "the llama-3.2-1b shape)")
+    bench.add_argument("--acceptance", type=float, default=None, metavar="A",
+                       help="per-token acceptance of the oracle drafter, 0..1 (default 0.8)")
     bench.add_argument("--num-draft", type=positive_int, default=4, metavar="K",
                        help="tokens drafted per step (speculative)")
     bench.add_argument("--task", choices=("continue", "rewrite"), default="continue",
@@ -99,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.acceptance is not None and args.speculative != "oracle":
+        raise TinyInferError("--acceptance sets the oracle drafter's rate: add --speculative oracle")
+    if args.acceptance is not None and not 0 <= args.acceptance <= 1:
+        raise TinyInferError(f"--acceptance must be within 0..1, got {args.acceptance}")
     if args.workload in ("latency", "throughput") or args.preset:
         return _bench_shapes(args)
     from tinyinfer.bench import workloads as bench
@@ -200,18 +210,23 @@ def _bench_shapes(args: argparse.Namespace) -> int:
 
 
 def _bench_speculative(model, args: argparse.Namespace):
-    """Plain vs speculative greedy decoding on the chosen prompts; prints one line."""
+    """Plain vs speculative greedy decoding on the chosen prompts; prints two lines."""
     from tinyinfer.bench import workloads as bench
 
     args.runner = model.runner.name
-    result = bench.bench_speculative(model, make_drafter(args),
+    drafter = make_drafter(args, preset=args.preset, acceptance=args.acceptance)
+    result = bench.bench_speculative(model, drafter,
                                      bench.speculative_prompts(model, args.task),
                                      max_tokens=args.max_tokens, num_draft=args.num_draft)
     print(f"{result.drafter} drafter, k={result.num_draft}, {args.task}: plain "
           f"{result.plain_tokens_per_second:.1f} tok/s, speculative "
           f"{result.speculative_tokens_per_second:.1f} tok/s ({result.speedup:.2f}x), acceptance "
-          f"{100 * result.acceptance_rate:.0f}%, {result.mean_accepted:.2f} accepted per verify, "
+          f"{100 * result.acceptance_rate:.0f}% (per examined token "
+          f"{100 * result.token_acceptance:.0f}%), {result.mean_accepted:.2f} accepted per verify, "
           f"identical output: {result.identical}")
+    print(f"costs: plain step {result.plain_step_ms:.2f} ms, draft step {result.draft_step_ms:.2f} ms, "
+          f"verify {result.verify_ms:.2f} ms, rest of a step {result.other_ms:.2f} ms; closed form (simulator's formula) "
+          f"{result.closed_form_speedup:.2f}x")
     return result
 
 
@@ -250,19 +265,40 @@ def generation_stats(done) -> str:
     return text
 
 
-def make_drafter(args: argparse.Namespace):
-    """The drafter --speculative asks for, or None."""
-    import tinyinfer
+def make_drafter(args: argparse.Namespace, preset: str | None = None,
+                 acceptance: float | None = None):
+    """The drafter --speculative asks for, or None. With a preset (bench), the draft model is a
+    preset shape too; acceptance is the oracle drafter's (bench)."""
     from tinyinfer.speculative import DraftModelDrafter, PromptLookupDrafter
 
     if args.speculative == "lookup":
         return PromptLookupDrafter()
     if args.speculative == "draft":
-        draft = tinyinfer.load(args.draft_model, runner=args.runner, device=args.device,
-                               dtype=args.dtype, quantize=args.quantize,
-                               quantize_head=args.quantize_head, kv_cache_dtype=args.kv_cache_dtype)
-        return DraftModelDrafter(draft)
+        return DraftModelDrafter(_draft_model(args, preset))
+    if args.speculative == "oracle":
+        from tinyinfer.bench.oracle import OracleDrafter
+
+        return OracleDrafter(_draft_model(args, preset), 0.8 if acceptance is None else acceptance,
+                             seed=args.seed)
     return None
+
+
+def _draft_model(args: argparse.Namespace, preset: str | None):
+    """--draft-model: a model (bundled-draft by default), or beside a preset a preset shape."""
+    import tinyinfer
+
+    if preset:
+        from tinyinfer.bench import shapes as bs
+        from tinyinfer.runners.torch_weights import pick_device, pick_dtype
+
+        chosen = pick_device(args.device)
+        dtype = args.dtype or str(pick_dtype(None, chosen.type == "cuda")).removeprefix("torch.")
+        name = args.draft_model or "llama-3.2-1b"
+        return bs.shape_models(name, args.device or chosen.type, dtype, quantize=args.quantize,
+                               quantize_head=args.quantize_head, kv_cache_dtype=args.kv_cache_dtype)[0]
+    return tinyinfer.load(args.draft_model or "bundled-draft", runner=args.runner,
+                          device=args.device, dtype=args.dtype, quantize=args.quantize,
+                          quantize_head=args.quantize_head, kv_cache_dtype=args.kv_cache_dtype)
 
 
 def _stored_as(checkpoint) -> str:

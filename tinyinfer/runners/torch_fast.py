@@ -9,10 +9,13 @@ Same function as ``numpy_ref.NumpyRunner``, arranged for speed:
   int8 codes with one float16 scale per token and KV head, quantized as they are written;
 * one forward per mixed batch: prefill chunks attend with ``scaled_dot_product_attention``
   per sequence; all decoding sequences attend together, reading pages through their block
-  tables (a Triton kernel on CUDA, a gather + mask elsewhere);
+  tables (a Triton kernel on CUDA, a gather + mask elsewhere). A batch in which every
+  sequence has the same few new tokens (verifying k drafted tokens: k + 1 each) takes the
+  decode path too, a causal block per sequence, so decode and verification share one kernel;
 * ``compile=True`` runs the per-layer tensor functions through ``torch.compile`` (fusing
-  norms, residual adds and activations); ``cuda_graphs=True`` replays decode steps from
-  CUDA graphs captured per padded batch size. Both default on for CUDA, off for CPU.
+  norms, residual adds and activations); ``cuda_graphs=True`` replays decode and verification
+  steps from CUDA graphs captured per (tokens per sequence, padded batch size). Both default
+  on for CUDA, off for CPU.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ from tinyinfer.runners.torch_graphs import DecodeGraphs
 from tinyinfer.runners.torch_weights import DeviceWeights, pick_device, pick_dtype
 
 DECODE_ATTENTION = ("auto", "triton", "torch")
+# The most new tokens per sequence that a uniform batch may feed the decode path (and its CUDA
+# graphs): a verification step of the most draft tokens the engine allows, 16, plus one.
+MAX_DECODE_TOKENS = 17
 QUANT_KERNELS = ("auto", "triton", "torch")
 
 
@@ -50,7 +56,7 @@ class TorchKVCache:
     # int8 K/V: k and v hold int8 codes, these one float16 scale per token and KV head
     k_scale: Tensor | None = None  # [L, P + 1, S, Hkv]
     v_scale: Tensor | None = None
-    graphs: DecodeGraphs | None = field(default=None, repr=False)
+    graphs: dict[int, DecodeGraphs] | None = field(default=None, repr=False)  # by tokens per sequence
 
     def layer_scales(self, layer: int) -> dict[str, Tensor]:
         """One layer's scales as keyword arguments of the attention functions (none unless int8)."""
@@ -83,7 +89,7 @@ class _Step:
     token_ids: Tensor  # [T] int64
     positions: Tensor  # [T] int64
     slots: Tensor  # [T] int64
-    decode_tables: Tensor | None  # [Bd, W] page tables of the one-token sequences
+    decode_tables: Tensor | None  # [Bd, W] page tables of the sequences on the decode path
     decode_rows: Tensor | None  # [Bd] their rows; None when every row decodes
     prefills: tuple[_Prefill, ...] = ()
     logits_rows: Tensor | None = None  # [R]; None means every row
@@ -298,13 +304,17 @@ class TorchRunner:
     # ------------------------------------------------------------------ inputs
 
     def _step_inputs(self, batch: Batch, page_size: int) -> _Step:
-        """Move a batch to the device and sort its sequences into decodes and prefill chunks."""
+        """Move a batch to the device and sort its sequences into decodes and prefill chunks.
+
+        Sequences of one new token decode; so do all sequences when each has the same q <=
+        MAX_DECODE_TOKENS new tokens (a verification step); the rest are prefill chunks."""
         def tensor(values: np.ndarray) -> Tensor:
             return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(self.device)
 
         starts = batch.query_starts
         lengths = np.diff(starts)  # [B] new tokens per sequence
-        decoding = np.flatnonzero(lengths == 1)
+        q = _uniform_tokens_per_seq(batch)
+        decoding = np.flatnonzero(lengths == (q or 1))
         tables = None
         if len(decoding):
             width = max(len(batch.page_tables[b]) for b in decoding)
@@ -317,7 +327,7 @@ class TorchRunner:
                      pages=tensor(np.asarray(
                          batch.page_tables[b][:math.ceil(int(batch.context_lens[b]) / page_size)])),
                      context_len=int(batch.context_lens[b]))
-            for b in np.flatnonzero(lengths != 1)
+            for b in np.flatnonzero(lengths != (q or 1))
         )
         all_rows = np.array_equal(batch.logits_rows, np.arange(batch.num_tokens))
         return _Step(
@@ -333,24 +343,37 @@ class TorchRunner:
     # ------------------------------------------------------------------ CUDA graphs
 
     def _decode_graphs(self, batch: Batch, kv: TorchKVCache) -> DecodeGraphs | None:
-        """The cache's decode graphs if this batch can replay one (every sequence decoding)."""
-        if not self.cuda_graphs or batch.num_tokens != batch.num_seqs:
+        """The cache's graphs for this batch's tokens per sequence, if it can replay one: every
+        sequence has the same q new tokens and wants the logits of each."""
+        q = _uniform_tokens_per_seq(batch)
+        if not self.cuda_graphs or q is None:
             return None
-        if not np.array_equal(batch.logits_rows, np.arange(batch.num_seqs)):
+        if not np.array_equal(batch.logits_rows, np.arange(batch.num_tokens)):
             return None
         if kv.graphs is None:
+            kv.graphs = {}
+        if q not in kv.graphs:
             width = min(math.ceil(self.config.max_model_len / kv.page_size), kv.num_pages)
-            kv.graphs = DecodeGraphs(
+            kv.graphs[q] = DecodeGraphs(
                 step=lambda tokens, positions, slots, tables: self._forward_step(
                     _Step(tokens, positions, slots, decode_tables=tables, decode_rows=None), kv),
                 max_batch=self.max_graph_batch, table_width=width,
-                scratch_page=kv.scratch_page, page_size=kv.page_size, device=self.device)
-        return kv.graphs
+                scratch_page=kv.scratch_page, page_size=kv.page_size, device=self.device,
+                tokens_per_seq=q)
+        return kv.graphs[q]
 
     def _announce_compile(self) -> None:
         self._announced_compile = True
         print("tinyinfer: torch.compile is compiling the decode step (first decode; "
               "batches of 2+ compile once more)", file=sys.stderr, flush=True)
+
+
+def _uniform_tokens_per_seq(batch: Batch) -> int | None:
+    """q when every sequence of the batch has the same q <= MAX_DECODE_TOKENS new tokens."""
+    q, rest = divmod(batch.num_tokens, max(batch.num_seqs, 1))
+    if rest or not 1 <= q <= MAX_DECODE_TOKENS:
+        return None
+    return q if np.array_equal(batch.query_starts, np.arange(batch.num_seqs + 1) * q) else None
 
 
 def _triton_decode_attention() -> Callable[..., Tensor] | None:

@@ -1,4 +1,4 @@
-"""CUDA graphs of the decode step: one per padded batch size, over one KV cache.
+"""CUDA graphs of decode steps: one per padded batch size, over one KV cache.
 
 At batch 1 a decode step is a few hundred small kernels; launching them one by one from
 Python costs more than running them. A CUDA graph records the whole step once and replays it
@@ -7,6 +7,10 @@ buffer: each step writes the batch into a pinned host copy, sends it in one tran
 the graph for the next padded batch size (1, 2, 4, 8, ...) and reads the logits back.
 Padding rows decode token 0 at position 0 into the cache's scratch page, so they disturb
 nothing; their logits are dropped.
+
+A step may feed q tokens per sequence, every sequence the same q: q = 1 is plain decoding,
+q = k + 1 verifies k drafted tokens (or feeds a draft model the last accepted token and the
+target's bonus token). Each q has its own ``DecodeGraphs``.
 """
 
 from __future__ import annotations
@@ -23,23 +27,25 @@ GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
 class DecodeGraphs:
-    """Captured decode steps for one KV cache, and the static buffers they read and write.
+    """Captured decode steps of q tokens per sequence for one KV cache, and the static buffers
+    they read and write.
 
-    ``step(token_ids, positions, slots, page_tables)`` must run a whole decode step on
-    device tensors ([b], [b], [b], [b, W]) and return float32 logits [b, V].
+    ``step(token_ids, positions, slots, page_tables)`` must run a whole step on device tensors
+    ([b q], [b q], [b q], [b, W]) and return float32 logits [b q, V].
     """
 
     def __init__(self, step: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor],
                  max_batch: int, table_width: int, scratch_page: int, page_size: int,
-                 device: torch.device):
+                 device: torch.device, tokens_per_seq: int = 1):
         self.step = step
+        self.q = tokens_per_seq
         self.sizes = [s for s in GRAPH_BATCH_SIZES if s <= max_batch]
         self.max_batch = self.sizes[-1]
         self.table_width = table_width
         self.scratch_slot = scratch_page * page_size
         self.scratch_page = scratch_page
-        # One int64 buffer: token ids, positions, slots (max_batch each), then page tables.
-        size = 3 * self.max_batch + self.max_batch * table_width
+        # One int64 buffer: token ids, positions, slots (max_batch q each), then page tables.
+        size = 3 * self.max_batch * self.q + self.max_batch * table_width
         self.host = torch.zeros(size, dtype=torch.int64, pin_memory=True)
         self.host_array = self.host.numpy()  # the same pinned memory, written from NumPy
         self.inputs = torch.zeros(size, dtype=torch.int64, device=device)
@@ -52,27 +58,27 @@ class DecodeGraphs:
         return next((s for s in self.sizes if s >= batch_size), None)
 
     def _views(self, buffer: Any, size: int) -> tuple[Any, Any, Any, Any]:
-        """(token_ids [size], positions [size], slots [size], page_tables [size, W]) of a buffer
-        (the device tensor or the host array)."""
-        mb = self.max_batch
-        tables = buffer[3 * mb:].reshape(mb, self.table_width)
-        return buffer[:size], buffer[mb:mb + size], buffer[2 * mb:2 * mb + size], tables[:size]
+        """(token_ids [size q], positions [size q], slots [size q], page_tables [size, W]) of a
+        buffer (the device tensor or the host array)."""
+        mb, rows = self.max_batch * self.q, size * self.q
+        tables = buffer[3 * mb:].reshape(self.max_batch, self.table_width)
+        return buffer[:rows], buffer[mb:mb + rows], buffer[2 * mb:2 * mb + rows], tables[:size]
 
     def _stage(self, batch: Batch, size: int) -> int:
         """Write the batch, padded to `size` rows, into the pinned buffer; return elements used."""
-        n = batch.num_seqs
+        n = batch.num_tokens  # num_seqs q rows
         tokens, positions, slots, tables = self._views(self.host_array, size)
         tokens[:n], positions[:n], slots[:n] = batch.token_ids, batch.positions, batch.slot_mapping
         tokens[n:], positions[n:], slots[n:] = 0, 0, self.scratch_slot
         for row, table in enumerate(batch.page_tables):
             tables[row, :len(table)] = table
-        tables[n:, 0] = self.scratch_page
-        return 3 * self.max_batch + size * self.table_width
+        tables[batch.num_seqs:, 0] = self.scratch_page
+        return 3 * self.max_batch * self.q + size * self.table_width
 
     def run(self, batch: Batch, size: int) -> Tensor:
         """Decode one batch through the graph for `size` rows (captured first if new).
 
-        Returns the graph's own logits buffer [B, V] on the device, valid until the next replay.
+        Returns the graph's own logits buffer [B q, V] on the device, valid until the next replay.
         """
         used = self._stage(batch, size)
         self.inputs[:used].copy_(self.host[:used], non_blocking=True)
@@ -80,7 +86,7 @@ class DecodeGraphs:
             self.graphs[size] = self._capture(size)
         graph, logits = self.graphs[size]
         graph.replay()
-        return logits[:batch.num_seqs]
+        return logits[:batch.num_tokens]
 
     def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         """Warm up (compiling if asked) on a side stream, then record the step for `size` rows.
@@ -88,7 +94,8 @@ class DecodeGraphs:
         The warm-up runs on the staged real batch: a decode step rewrites its own token's K/V
         with the same values, so running it again changes nothing.
         """
-        print(f"tinyinfer: capturing a CUDA graph for decode batches of {size} "
+        per_seq = "" if self.q == 1 else f" x {self.q} tokens"
+        print(f"tinyinfer: capturing a CUDA graph for decode batches of {size}{per_seq} "
               "(once per batch size)", file=sys.stderr, flush=True)
         views = self._views(self.inputs, size)
         side = torch.cuda.Stream()

@@ -342,15 +342,17 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
                            k_cache: Tensor, v_cache: Tensor, cos_table: Tensor | None,
                            sin_table: Tensor | None, num_heads: int,
                            k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> Tensor:
-    """One new token per sequence: rotate, store K/V, attend over its pages (gather + mask).
+    """q new tokens per sequence (q = 1: decode; k + 1: verifying a draft): rotate, store K/V,
+    attend over the pages (gather + mask).
 
-    qkv: [B, (H + 2 Hkv) hd], positions/slots: [B], page_tables: [B, W] page ids,
-    caches: [P, S, Hkv, hd], cos/sin tables: [max_len, hd/2] (None without RoPE);
-    int8 K/V: int8 caches and their scales [P, S, Hkv], read back dequantized.
-    The token at position p sees keys 0..p.  -> [B, H hd].
+    qkv: [B q, (H + 2 Hkv) hd] (each sequence's q rows in order), positions/slots: [B q],
+    page_tables: [B, W] page ids, caches: [P, S, Hkv, hd], cos/sin tables: [max_len, hd/2]
+    (None without RoPE); int8 K/V: int8 caches and their scales [P, S, Hkv], read back
+    dequantized. The token at position p sees keys 0..p.  -> [B q, H hd].
     The Triton kernel in torch_triton.py computes the same thing without the gather.
     """
-    batch = qkv.shape[0]
+    rows, batch = qkv.shape[0], page_tables.shape[0]
+    q_len = rows // batch
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     q, k, v = split_qkv(qkv, num_heads, num_kv_heads, head_dim)
     if cos_table is not None and sin_table is not None:  # q and k turn together: one rotation
@@ -359,8 +361,9 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
     write_kv(k_cache, v_cache, slots, k, v, k_scale, v_scale)
     keys = read_pages(k_cache, k_scale, page_tables, torch.float32).flatten(1, 2).transpose(1, 2)  # [B, Hkv, N = W S, hd]
     values = read_pages(v_cache, v_scale, page_tables, torch.float32).flatten(1, 2).transpose(1, 2)
-    seen = torch.arange(keys.shape[2], device=qkv.device)[None, :] <= positions[:, None]  # [B, N]
-    out = F.scaled_dot_product_attention(  # [B, H, 1, hd]; each query head reads its group's K/V
-        q[:, :, None].float(), keys.float(), values.float(), attn_mask=seen[:, None, None, :],
-        enable_gqa=True)
-    return out.reshape(batch, num_heads * head_dim).to(qkv.dtype)
+    row_positions = positions.view(batch, q_len)
+    seen = torch.arange(keys.shape[2], device=qkv.device) <= row_positions[:, :, None]  # [B, q, N]
+    queries = q.view(batch, q_len, num_heads, head_dim).transpose(1, 2)  # [B, H, q, hd]
+    out = F.scaled_dot_product_attention(  # [B, H, q, hd]; each query head reads its group's K/V
+        queries.float(), keys, values, attn_mask=seen[:, None], enable_gqa=True)
+    return out.transpose(1, 2).reshape(rows, num_heads * head_dim).to(qkv.dtype)

@@ -1,11 +1,18 @@
 """A Triton kernel for paged decode attention (GPU only; imported only when Triton is there).
 
 It computes what ``torch_layers.paged_decode_attention`` computes, in one or two launches per
-layer. A program takes one (sequence, KV head, context split): it rotates the new token's q
-and k, and the first split stores the new k and v in the token's page slot; then it streams
-its share of the earlier keys and values page by page through the page table with an
-online softmax. Nothing is gathered into a padded copy, so the cost follows each sequence's
-real context, not the page table's width — which lets one CUDA graph serve every length.
+layer. A program takes one (query row, KV head, context split): it rotates the row's q and k,
+and (with one row per sequence) the first split stores the new k and v in the token's page
+slot; then it streams its share of the earlier keys and values page by page through the page
+table with an online softmax. Nothing is gathered into a padded copy, so the cost follows each
+sequence's real context, not the page table's width — which lets one CUDA graph serve every
+length.
+
+Verifying a speculative draft gives each sequence q = k + 1 new tokens; token j sees the keys
+up to its own position. A first small kernel stores all q rows' K/V, then every row attends
+exactly as a decode row does: the same tiles in the same order, split the same way (the split
+count follows the number of sequences, not rows). So decode and verification compute the same
+attention, bit for bit, for a token at the same position over the same cache.
 
 At batch 1 there are only (KV heads) programs, each walking the whole context one block
 after another; splitting the context across programs (flash-decoding) keeps the GPU busy,
@@ -13,16 +20,16 @@ and a second small kernel merges the splits' partial softmaxes.
 
 Scores and weighted sums run on the matrix units (``tl.dot``): the query heads that share a
 KV head form the rows, padded to 16. Each head is handled as its two RoPE halves, so only the
-halves need padding to a power of two. The new token is scored from registers rather than
-read back from the cache, so no program reads memory it has just written.
+halves need padding to a power of two. A row's own token is scored from registers rather than
+read back from the cache.
 
-With int8 K/V (``KV_INT8``), the first split quantizes the new k and v as ``quant.quantize_kv``
-does (one float16 scale per token and KV head, rounded up; codes rounded half to even) and the
-new token is scored as stored; earlier keys and values are read as int8 codes, converted to the
-compute dtype in registers, and multiplied by their scales. A key's scale is one number per
-(token, KV head), so it multiplies the key's column of scores after the dot product, and a
-value's scale multiplies the softmax weight that meets it: codes × scale, without a
-dequantized tile.
+With int8 K/V (``KV_INT8``), whichever kernel stores a new k and v quantizes them as
+``quant.quantize_kv`` does (one float16 scale per token and KV head, rounded up; codes rounded
+half to even), and a row's own token is scored as stored; earlier keys and values are read as
+int8 codes, converted to the compute dtype in registers, and multiplied by their scales. A
+key's scale is one number per (token, KV head), so it multiplies the key's column of scores
+after the dot product, and a value's scale multiplies the softmax weight that meets it:
+codes × scale, without a dequantized tile.
 """
 
 from __future__ import annotations
@@ -59,34 +66,25 @@ def _quantize_int8(x1, x2, d_ok):
 
 
 @triton.jit
-def _paged_decode_kernel(
-    qkv_ptr, out_ptr, part_acc_ptr, part_ml_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
-    positions_ptr, slots_ptr, block_tables_ptr, k_scale_ptr, v_scale_ptr,
-    qkv_row_stride, block_table_row_stride, scale,
-    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
-    GROUP_P: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ROPE: tl.constexpr, KV_INT8: tl.constexpr,
-):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+def _new_token(qkv_ptr, cos_ptr, sin_ptr, row, pos, kv_head, qkv_row_stride, dtype,
+               NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+               GROUP_P: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr, ROPE: tl.constexpr):
+    """One query row's q (its KV head's group of query heads) and k, rotated, and v, all rounded
+    to the compute dtype: q1, q2 [G, half] and k1, k2, v1, v2 [half], as halves."""
     head_dim = 2 * HALF
-    g = tl.arange(0, GROUP_P)  # the query heads that share this KV head (padded to >= 16)
+    g = tl.arange(0, GROUP_P)
     d = tl.arange(0, HALF_P)
-    g_ok, d_ok = g < GROUP, d < HALF
-    gd_ok = g_ok[:, None] & d_ok[None, :]
+    d_ok = d < HALF
     heads = kv_head * GROUP + g
-    pos = tl.load(positions_ptr + seq)
-    first = split == 0
-
-    row = qkv_ptr + seq * qkv_row_stride
-    q_at = row + heads[:, None] * head_dim + d[None, :]  # [G, half]
+    at = qkv_ptr + row * qkv_row_stride
+    q_at = at + heads[:, None] * head_dim + d[None, :]  # [G, half]
+    gd_ok = (g < GROUP)[:, None] & d_ok[None, :]
     q1 = tl.load(q_at, mask=gd_ok, other=0.0).to(tl.float32)
     q2 = tl.load(q_at + HALF, mask=gd_ok, other=0.0).to(tl.float32)
-    k_at = row + (NUM_HEADS + kv_head) * head_dim + d
+    k_at = at + (NUM_HEADS + kv_head) * head_dim + d
     k1 = tl.load(k_at, mask=d_ok, other=0.0).to(tl.float32)
     k2 = tl.load(k_at + HALF, mask=d_ok, other=0.0).to(tl.float32)
-    v_at = row + (NUM_HEADS + NUM_KV_HEADS + kv_head) * head_dim + d
+    v_at = at + (NUM_HEADS + NUM_KV_HEADS + kv_head) * head_dim + d
     v1 = tl.load(v_at, mask=d_ok, other=0.0)
     v2 = tl.load(v_at + HALF, mask=d_ok, other=0.0)
     if ROPE:
@@ -94,35 +92,93 @@ def _paged_decode_kernel(
         sin = tl.load(sin_ptr + pos * HALF + d, mask=d_ok, other=0.0)
         q1, q2 = q1 * cos[None, :] - q2 * sin[None, :], q2 * cos[None, :] + q1 * sin[None, :]
         k1, k2 = k1 * cos - k2 * sin, k2 * cos + k1 * sin
+    return q1.to(dtype), q2.to(dtype), k1.to(dtype), k2.to(dtype), v1.to(dtype), v2.to(dtype)
 
-    # q, k and v rounded to the compute dtype, as the matrix units and the cache will see them;
-    # the new token's K/V stored once (by split 0): int8 K/V quantizes them first, and the new
-    # token is scored and weighted as stored (codes x scale).
-    dtype = qkv_ptr.dtype.element_ty
-    q1, q2 = q1.to(dtype), q2.to(dtype)
-    k1, k2 = k1.to(dtype), k2.to(dtype)
-    v1, v2 = v1.to(dtype), v2.to(dtype)
-    slot = tl.load(slots_ptr + seq)
-    slot_at = slot * (NUM_KV_HEADS * head_dim) + kv_head * head_dim + d
+
+@triton.jit
+def _store_new_kv(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot, kv_head, k1, k2, v1, v2,
+                  store, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr,
+                  KV_INT8: tl.constexpr):
+    """Store one token's k and v (halves [half]) where ``store``, quantized first with int8 K/V;
+    return them as stored, in float32 (codes x scale with int8 K/V), to be scored from registers."""
+    d = tl.arange(0, HALF_P)
+    d_ok = d < HALF
+    slot_at = slot * (NUM_KV_HEADS * 2 * HALF) + kv_head * 2 * HALF + d
     if KV_INT8:
         kc1, kc2, k_half = _quantize_int8(k1.to(tl.float32), k2.to(tl.float32), d_ok)
         vc1, vc2, v_half = _quantize_int8(v1.to(tl.float32), v2.to(tl.float32), d_ok)
-        tl.store(k_cache_ptr + slot_at, kc1, mask=d_ok & first)
-        tl.store(k_cache_ptr + slot_at + HALF, kc2, mask=d_ok & first)
-        tl.store(v_cache_ptr + slot_at, vc1, mask=d_ok & first)
-        tl.store(v_cache_ptr + slot_at + HALF, vc2, mask=d_ok & first)
-        tl.store(k_scale_ptr + slot * NUM_KV_HEADS + kv_head, k_half, mask=first)
-        tl.store(v_scale_ptr + slot * NUM_KV_HEADS + kv_head, v_half, mask=first)
+        tl.store(k_cache_ptr + slot_at, kc1, mask=d_ok & store)
+        tl.store(k_cache_ptr + slot_at + HALF, kc2, mask=d_ok & store)
+        tl.store(v_cache_ptr + slot_at, vc1, mask=d_ok & store)
+        tl.store(v_cache_ptr + slot_at + HALF, vc2, mask=d_ok & store)
+        tl.store(k_scale_ptr + slot * NUM_KV_HEADS + kv_head, k_half, mask=store)
+        tl.store(v_scale_ptr + slot * NUM_KV_HEADS + kv_head, v_half, mask=store)
         k_s, v_s = k_half.to(tl.float32), v_half.to(tl.float32)
-        new_k1, new_k2 = kc1.to(tl.float32) * k_s, kc2.to(tl.float32) * k_s
-        new_v1, new_v2 = vc1.to(tl.float32) * v_s, vc2.to(tl.float32) * v_s
+        return (kc1.to(tl.float32) * k_s, kc2.to(tl.float32) * k_s,
+                vc1.to(tl.float32) * v_s, vc2.to(tl.float32) * v_s)
+    tl.store(k_cache_ptr + slot_at, k1, mask=d_ok & store)
+    tl.store(k_cache_ptr + slot_at + HALF, k2, mask=d_ok & store)
+    tl.store(v_cache_ptr + slot_at, v1, mask=d_ok & store)
+    tl.store(v_cache_ptr + slot_at + HALF, v2, mask=d_ok & store)
+    return k1.to(tl.float32), k2.to(tl.float32), v1.to(tl.float32), v2.to(tl.float32)
+
+
+@triton.jit
+def _store_kv_kernel(
+    qkv_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, cos_ptr, sin_ptr, positions_ptr,
+    slots_ptr, qkv_row_stride,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+    GROUP_P: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr, ROPE: tl.constexpr,
+    KV_INT8: tl.constexpr,
+):
+    """Rotate and store every query row's new K/V (before several rows of a sequence attend)."""
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    _, _, k1, k2, v1, v2 = _new_token(
+        qkv_ptr, cos_ptr, sin_ptr, row, tl.load(positions_ptr + row), kv_head, qkv_row_stride,
+        qkv_ptr.dtype.element_ty, NUM_HEADS, NUM_KV_HEADS, GROUP, GROUP_P, HALF, HALF_P, ROPE)
+    _store_new_kv(k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, tl.load(slots_ptr + row),
+                  kv_head, k1, k2, v1, v2, row >= 0, NUM_KV_HEADS, HALF, HALF_P, KV_INT8)
+
+
+@triton.jit
+def _paged_decode_kernel(
+    qkv_ptr, out_ptr, part_acc_ptr, part_ml_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
+    positions_ptr, slots_ptr, block_tables_ptr, k_scale_ptr, v_scale_ptr,
+    qkv_row_stride, block_table_row_stride, scale,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+    GROUP_P: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ROPE: tl.constexpr,
+    Q_LEN: tl.constexpr, STORE_KV: tl.constexpr, KV_INT8: tl.constexpr,
+):
+    row = tl.program_id(0)  # one query row: token row % Q_LEN of sequence row // Q_LEN
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq = row // Q_LEN
+    head_dim = 2 * HALF
+    g = tl.arange(0, GROUP_P)  # the query heads that share this KV head (padded to >= 16)
+    d = tl.arange(0, HALF_P)
+    g_ok, d_ok = g < GROUP, d < HALF
+    gd_ok = g_ok[:, None] & d_ok[None, :]
+    heads = kv_head * GROUP + g
+    pos = tl.load(positions_ptr + row)
+    first = split == 0
+
+    # q, k and v rounded to the compute dtype, as the matrix units and the cache will see them.
+    # With one row per sequence split 0 stores the new K/V here; with several, _store_kv_kernel
+    # stored every row's first, since a row reads the K/V of the rows before it from the cache.
+    # Either way the row's own token is scored and weighted as stored (int8 K/V: codes x scale).
+    dtype = qkv_ptr.dtype.element_ty
+    q1, q2, k1, k2, v1, v2 = _new_token(
+        qkv_ptr, cos_ptr, sin_ptr, row, pos, kv_head, qkv_row_stride, dtype,
+        NUM_HEADS, NUM_KV_HEADS, GROUP, GROUP_P, HALF, HALF_P, ROPE)
+    if STORE_KV:
+        store = first
     else:
-        tl.store(k_cache_ptr + slot_at, k1, mask=d_ok & first)
-        tl.store(k_cache_ptr + slot_at + HALF, k2, mask=d_ok & first)
-        tl.store(v_cache_ptr + slot_at, v1, mask=d_ok & first)
-        tl.store(v_cache_ptr + slot_at + HALF, v2, mask=d_ok & first)
-        new_k1, new_k2 = k1.to(tl.float32), k2.to(tl.float32)
-        new_v1, new_v2 = v1.to(tl.float32), v2.to(tl.float32)
+        store = split < 0  # never: _store_kv_kernel has stored them
+    new_k1, new_k2, new_v1, new_v2 = _store_new_kv(
+        k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, tl.load(slots_ptr + row), kv_head,
+        k1, k2, v1, v2, store, NUM_KV_HEADS, HALF, HALF_P, KV_INT8)
 
     # Online softmax state per query head: split 0 starts from the new token, others from nothing.
     s_new = (tl.sum(q1.to(tl.float32) * new_k1[None, :], 1)
@@ -170,13 +226,13 @@ def _paged_decode_kernel(
         start += BLOCK_N
 
     if NUM_SPLITS == 1:
-        out_at = out_ptr + seq * NUM_HEADS * head_dim + heads[:, None] * head_dim + d[None, :]
+        out_at = out_ptr + row * NUM_HEADS * head_dim + heads[:, None] * head_dim + d[None, :]
         out_dtype = out_ptr.dtype.element_ty
         tl.store(out_at, (acc1 / l[:, None]).to(out_dtype), mask=gd_ok)
         tl.store(out_at + HALF, (acc2 / l[:, None]).to(out_dtype), mask=gd_ok)
     else:
         # Partials, unnormalised: acc [B, H, splits, hd], (m, l) [B, H, splits, 2].
-        part = (seq * NUM_HEADS + heads) * NUM_SPLITS + split  # [G]
+        part = (row * NUM_HEADS + heads) * NUM_SPLITS + split  # [G]
         acc_at = part_acc_ptr + part[:, None] * head_dim + d[None, :]
         tl.store(acc_at, acc1, mask=gd_ok)
         tl.store(acc_at + HALF, acc2, mask=gd_ok)
@@ -215,12 +271,14 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
                            v_scale: Tensor | None = None) -> Tensor:
     """Same contract as ``torch_layers.paged_decode_attention``, in Triton.
 
-    qkv: [B, (H + 2 Hkv) hd] (rows contiguous), positions/slots: [B] int64,
-    page_tables: [B, W] int, caches: [P, S, Hkv, hd] contiguous (int8 K/V: int8 caches and
-    their float16 scales [P, S, Hkv], contiguous).  -> [B, H hd].
-    num_splits (a power of two) splits each context across programs; None picks by GPU size.
+    qkv: [B q, (H + 2 Hkv) hd] (rows contiguous; q new tokens per sequence, in order),
+    positions/slots: [B q] int64, page_tables: [B, W] int, caches: [P, S, Hkv, hd] contiguous
+    (int8 K/V: int8 caches and their float16 scales [P, S, Hkv], contiguous). -> [B q, H hd].
+    num_splits (a power of two) splits each context across programs; None picks by GPU size
+    and B alone, so a row's arithmetic is the same whatever q is.
     """
-    batch = qkv.shape[0]
+    rows, batch = qkv.shape[0], page_tables.shape[0]
+    q_len = rows // batch
     _, page_size, num_kv_heads, head_dim = k_cache.shape
     if num_splits is None:
         num_splits = default_splits(batch, num_kv_heads, qkv.device)
@@ -228,25 +286,30 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
     # tl.dot needs every dimension >= 16: pad the head group and the half head dim.
     group_p, half_p = max(16, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(half))
     block_n = max(16, min(64, KEY_TILE_ELEMENTS // half_p))
-    out = torch.empty((batch, num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
-    parts = batch * num_heads * num_splits
+    out = torch.empty((rows, num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
+    parts = rows * num_heads * num_splits
     part_acc = torch.empty((parts, head_dim) if num_splits > 1 else (1,), dtype=torch.float32,
                            device=qkv.device)
     part_ml = torch.empty((parts, 2) if num_splits > 1 else (1,), dtype=torch.float32,
                           device=qkv.device)
     rope = cos_table is not None
+    cos, sin = (cos_table, sin_table) if rope else (qkv, qkv)
     int8 = k_scale is not None and v_scale is not None
-    _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
-        qkv, out, part_acc, part_ml, k_cache, v_cache,
-        cos_table if rope else qkv, sin_table if rope else qkv,
-        positions, slots, page_tables, k_scale if int8 else k_cache, v_scale if int8 else v_cache,
+    scales = (k_scale, v_scale) if int8 else (k_cache, v_cache)  # unread without int8 K/V
+    shape = dict(NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_P=group_p,
+                 HALF=half, HALF_P=half_p, ROPE=rope, KV_INT8=int8)
+    if q_len > 1:
+        _store_kv_kernel[(rows, num_kv_heads)](qkv, k_cache, v_cache, *scales, cos, sin, positions,
+                                               slots, qkv.stride(0), **shape, num_warps=1)
+    _paged_decode_kernel[(rows, num_kv_heads, num_splits)](
+        qkv, out, part_acc, part_ml, k_cache, v_cache, cos, sin,
+        positions, slots, page_tables, *scales,
         qkv.stride(0), page_tables.stride(0), head_dim ** -0.5,
-        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_P=group_p,
-        HALF=half, HALF_P=half_p, PAGE_SIZE=page_size, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, ROPE=rope, KV_INT8=int8, num_warps=4,
+        **shape, PAGE_SIZE=page_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
+        Q_LEN=q_len, STORE_KV=q_len == 1, num_warps=4,
     )
     if num_splits > 1:
-        _merge_splits_kernel[(batch * num_heads,)](
+        _merge_splits_kernel[(rows * num_heads,)](
             out, part_acc, part_ml, NUM_SPLITS=num_splits, HEAD_DIM=head_dim,
             HEAD_DIM_P=triton.next_power_of_2(head_dim), num_warps=1,
         )

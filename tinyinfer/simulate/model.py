@@ -296,10 +296,6 @@ def _speculative(s: Scenario, tpot: Quantity, batch: Quantity, context: Quantity
     if s.spec_k == 0:
         return {}
     k, alpha = given("k", s.spec_k, "tokens"), given("acceptance", s.spec_acceptance, "%")
-    tau = derive("spec_tokens_per_step", "tokens", "k + 1", k=k, note="every draft accepted") \
-        if s.spec_acceptance == 1 else derive(
-            "spec_tokens_per_step", "tokens", "(1 - acceptance ** (k + 1)) / (1 - acceptance)",
-            note="expected accepted drafts + the target's own token", acceptance=alpha, k=k)
     p, c = parameter_counts(s.model), s.model.config
     verify_tokens = derive("verify_tokens", "tokens", "batch * (k + 1)", batch=batch, k=k)
     work = decode_work(p, c, matmul_params(p), verify_tokens, batch, context, kv_token, _weight_byte_sizes(s))
@@ -309,8 +305,22 @@ def _speculative(s: Scenario, tpot: Quantity, batch: Quantity, context: Quantity
     else:
         sub = dataclasses.replace(s, model=s.draft_model, draft_model=None, spec_k=0, num_gpus=1)
         draft = dataclasses.replace(simulate(sub).tpot, name="draft_step_time", note=s.draft_model.title)
+    return speculative_speedup(k, alpha, draft, verify, tpot)
+
+
+def speculative_speedup(k: Quantity, acceptance: Quantity, draft_step_time: Quantity,
+                        verify_time: Quantity, tpot: Quantity) -> dict[str, Quantity]:
+    """The closed form of speculative decoding's gain (C10), from its costs however obtained —
+    the simulator's rates, or times measured by the benchmark: each drafted token is accepted
+    with chance ``acceptance``, so a step of k draft steps and one verification emits
+    (1 - acceptance^(k+1)) / (1 - acceptance) tokens on average."""
+    tau = derive("spec_tokens_per_step", "tokens", "k + 1", k=k, note="every draft accepted") \
+        if acceptance.value == 1 else derive(
+            "spec_tokens_per_step", "tokens", "(1 - acceptance ** (k + 1)) / (1 - acceptance)",
+            note="expected accepted drafts + the target's own token", acceptance=acceptance, k=k)
     spec_tpot = derive("spec_tpot", "s", "(k * draft_step_time + verify_time) / spec_tokens_per_step",
-                       k=k, draft_step_time=draft, verify_time=verify, spec_tokens_per_step=tau)
+                       k=k, draft_step_time=draft_step_time, verify_time=verify_time,
+                       spec_tokens_per_step=tau)
     speedup = derive("spec_speedup", "x", "tpot / spec_tpot", tpot=tpot, spec_tpot=spec_tpot)
     return {"spec_tokens_per_step": tau, "spec_tpot": spec_tpot, "spec_speedup": speedup}
 

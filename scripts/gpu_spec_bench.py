@@ -1,0 +1,217 @@
+"""Speculative decoding on one GPU: correctness checks, then timings (C10).
+
+    PYTHONPATH=. python3 scripts/gpu_spec_bench.py --out $OUT [--only checks,bundled,oracle]
+
+(--device cpu --target qwen2.5-0.5b --draft qwen2.5-0.5b --tokens 6 --prompts 1 runs the
+oracle and bundled sections' code on a CPU, as a dry run.)
+
+Sections (each writes its results to OUT/gpu_spec_bench.json as soon as it finishes):
+
+* checks   the paged decode kernel with q = 5 query rows per sequence against the torch
+           version, and row for row against q = 1 (bit equality); a verification step through
+           a CUDA graph against the same step eager; bf16 greedy speculative vs plain decoding
+           of the bundled pair, token for token
+* bundled  plain vs speculative decoding of the bundled pair (draft model drafter, k = 2, 4)
+* oracle   llama-3-8b shape (random weights) as target, the llama-3.2-1b shape as draft model,
+           the oracle drafter at acceptance 0.6 / 0.8 / 0.9 x k = 2 / 4 / 8, each against the
+           simulator's closed form at the measured costs; the draft shape's own plain step time
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tinyinfer.bench import shapes as bs
+from tinyinfer.bench import workloads as bench
+from tinyinfer.bench.oracle import OracleDrafter
+from tinyinfer.engine import Engine
+from tinyinfer.model import load
+from tinyinfer.runners.runner import make_batch
+from tinyinfer.sampling import SamplingParams
+from tinyinfer.speculative import DraftModelDrafter
+
+SECTIONS = ("checks", "bundled", "oracle")
+ARGS = argparse.Namespace()
+SAVE = [lambda: None]  # writes the results so far
+
+
+def log(text: str) -> None:
+    print(text, flush=True)
+
+
+def check_kernel(results: dict) -> None:
+    """q = 5 rows per sequence: Triton vs torch (bf16, long contexts), and q = 5 vs q = 1 rows."""
+    from tinyinfer.runners import torch_layers, torch_triton
+
+    device, out = torch.device("cuda"), {}
+    gen = torch.Generator(device=device).manual_seed(11)
+    for heads, kv_heads, hd, batch in ((32, 8, 128, 1), (32, 8, 64, 4), (12, 12, 64, 3)):
+        q_len, page, pages, length = 5, 16, 512, 1500
+        k_cache, v_cache = torch.randn((2, pages, page, kv_heads, hd), generator=gen, device=device,
+                                       dtype=torch.bfloat16).unbind(0)
+        qkv = torch.randn((batch * q_len, (heads + 2 * kv_heads) * hd), generator=gen, device=device,
+                          dtype=torch.bfloat16)
+        first = torch.randint(0, length, (batch,), generator=gen, device=device)
+        first[0] = length - q_len
+        positions = (first[:, None] + torch.arange(q_len, device=device)).flatten()
+        tables = torch.randperm(pages, generator=gen, device=device)[:batch * 100].view(batch, 100)
+        seqs = torch.arange(batch, device=device).repeat_interleave(q_len)
+        slots = tables[seqs, positions // page] * page + positions % page
+        angles = torch.arange(4096, device=device, dtype=torch.float64)[:, None] * \
+            torch.rand(hd // 2, generator=gen, device=device, dtype=torch.float64)
+        cos, sin = angles.cos().float(), angles.sin().float()
+        ref_cache = (k_cache.clone(), v_cache.clone())
+        ref = torch_layers.paged_decode_attention(qkv, positions, slots, tables, *ref_cache, cos,
+                                                  sin, heads).float()
+        for splits in (None, 1):
+            cache = (k_cache.clone(), v_cache.clone())
+            got = torch_triton.paged_decode_attention(qkv, positions, slots, tables, *cache, cos, sin,
+                                                      heads, num_splits=splits)
+            err = float((got.float() - ref).norm() / ref.norm())
+            same_cache = bool(torch.equal(cache[0], ref_cache[0]) and torch.equal(cache[1], ref_cache[1]))
+            step_cache = (k_cache.clone(), v_cache.clone())
+            rows_equal = True
+            for j in range(q_len):  # the same tokens as q = 1 decode steps
+                rows = torch.arange(batch, device=device) * q_len + j
+                one = torch_triton.paged_decode_attention(qkv[rows], positions[rows], slots[rows],
+                                                          tables, *step_cache, cos, sin, heads,
+                                                          num_splits=splits)
+                rows_equal &= bool(torch.equal(one, got[rows]))
+            key = f"H{heads}/Hkv{kv_heads}/hd{hd}/B{batch}/q{q_len}/splits={splits or 'auto'}"
+            out[key] = {"rel_error": err, "cache_identical": same_cache, "rows_equal_q1": rows_equal,
+                        "ok": err <= 1e-2 and same_cache and rows_equal}
+            log(f"  kernel {key}: rel error {err:.2e}, cache identical {same_cache}, "
+                f"q=5 rows == q=1 rows: {rows_equal}")
+    results["kernel"] = out
+
+
+def check_graphs(results: dict) -> None:
+    """A verification step (q = 5) replayed from a CUDA graph vs the same step eager."""
+    graphed = load("bundled", runner="torch", device="cuda", dtype="bfloat16")
+    eager = load("bundled", runner="torch", device="cuda", dtype="bfloat16", cuda_graphs=False)
+    ids = np.random.default_rng(3).integers(0, graphed.config.vocab_size, 40).tolist()
+    logits = []
+    for model in (graphed, eager):
+        runner, kv = model.runner, model.runner.new_kv_cache(8, 16)
+        runner.forward(make_batch([(ids[:30], 0, [3, 1], False)], 16), kv)  # prefill
+        out = [runner.forward(make_batch([(ids[30 + 5 * i:35 + 5 * i], 30 + 5 * i, [3, 1, 6], True)], 16), kv)
+               for i in range(2)]  # two verification steps of 5 tokens
+        logits.append(np.stack(out))
+        if model is graphed:
+            results["graph_check_captured_q"] = sorted(kv.graphs or {})
+    diff = float(np.abs(logits[0] - logits[1]).max())
+    results["graph_vs_eager"] = {"max_abs_diff": diff, "identical": bool(diff == 0.0),
+                                 "same_argmax": bool((logits[0].argmax(-1) == logits[1].argmax(-1)).all())}
+    log(f"  verify graph vs eager: {results['graph_vs_eager']}, graphs for q = {results['graph_check_captured_q']}")
+
+
+def check_exactness(results: dict) -> None:
+    """bf16 greedy: speculative (bundled draft model, k = 4) vs plain, token for token."""
+    target = load("bundled", runner="torch", device="cuda", dtype="bfloat16")
+    draft = load("bundled-draft", runner="torch", device="cuda", dtype="bfloat16")
+    prompts = bench.speculative_prompts(target, "continue")
+    params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
+    plain = [c.token_ids for c in Engine(target, max_num_seqs=1).generate(prompts, params)]
+    out = {}
+    for k in (2, 4):
+        engine = Engine(target, max_num_seqs=1, drafter=DraftModelDrafter(draft), num_draft=k)
+        spec = [engine.generate([p], params)[0].token_ids for p in prompts]
+        first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(plain, spec)]
+        out[f"k={k}"] = {"identical_prompts": sum(f == len(x) for f, x in zip(first, plain)),
+                         "prompts": len(prompts), "tokens_before_first_difference": first,
+                         "matching_prefix_share": sum(first) / sum(len(x) for x in plain)}
+        log(f"  bf16 spec (k={k}) vs plain: {out[f'k={k}']}")
+    results["bf16_exactness"] = out
+
+
+def checks(results: dict) -> None:
+    for part in (check_kernel, check_graphs, check_exactness):
+        try:
+            part(results)
+        except Exception:
+            results[f"{part.__name__}_error"] = traceback.format_exc()
+            log(results[f"{part.__name__}_error"])
+
+
+def bundled(results: dict) -> None:
+    target = load("bundled", runner="torch", device=ARGS.device, dtype=ARGS.dtype)
+    draft = load("bundled-draft", runner="torch", device=ARGS.device, dtype=ARGS.dtype)
+    prompts = bench.speculative_prompts(target, "continue")[:ARGS.prompts or None]
+    plain = bench.greedy_alone(Engine(target, max_num_seqs=1, detail="none"), prompts, ARGS.tokens)
+    rows = []
+    for k in (2, 4):
+        r = bench.bench_speculative(target, DraftModelDrafter(draft), prompts, ARGS.tokens, k, plain=plain)
+        rows.append({**dataclasses.asdict(r), "speedup": r.speedup})
+        log(f"  bundled k={k}: {rows[-1]}")
+    results["bundled"] = rows
+
+
+def oracle(results: dict) -> None:
+    big, _ = bs.shape_models(ARGS.target, ARGS.device, ARGS.dtype)
+    small, _ = bs.shape_models(ARGS.draft, ARGS.device, ARGS.dtype)
+    prompts = bench.speculative_prompts(big, "continue", ARGS.prompts or 4)
+    tokens = ARGS.tokens
+    small_plain = bench.greedy_alone(Engine(small, max_num_seqs=1, detail="none"), prompts, tokens)
+    results["draft_shape_plain_step_ms"] = 1e3 * small_plain[1] / sum(len(o) for o in small_plain[0])
+    plain = bench.greedy_alone(Engine(big, max_num_seqs=1, detail="none"), prompts, tokens)
+    results["target_plain_step_ms"] = 1e3 * plain[1] / sum(len(o) for o in plain[0])
+    log(f"  plain step: target {results['target_plain_step_ms']:.2f} ms, draft shape "
+        f"{results['draft_shape_plain_step_ms']:.2f} ms")
+    rows = []
+    results["oracle"] = rows
+    for k in (4, 2, 8):
+        for alpha in (0.8, 0.6, 0.9):
+            r = bench.bench_speculative(big, OracleDrafter(small, alpha, seed=1), prompts, tokens, k,
+                                        plain=plain)
+            rows.append({**dataclasses.asdict(r), "speedup": r.speedup,
+                         "vs_closed_form": r.speedup / r.closed_form_speedup})
+            SAVE[0]()
+            gc.collect()
+            log(f"  oracle a={alpha} k={k}: {r.speedup:.2f}x (closed form {r.closed_form_speedup:.2f}x), "
+                f"acceptance {r.token_acceptance:.3f}, draft {r.draft_step_ms:.2f} ms, verify "
+                f"{r.verify_ms:.2f} ms, rest {r.other_ms:.2f} ms, plain {r.plain_step_ms:.2f} ms")
+    again = bench.greedy_alone(Engine(big, max_num_seqs=1, detail="none"), prompts, tokens)
+    results["target_plain_step_ms_again"] = 1e3 * again[1] / sum(len(o) for o in again[0])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--only", default=",".join(SECTIONS))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--target", default="llama-3-8b")
+    parser.add_argument("--draft", default="llama-3.2-1b")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--prompts", type=int, default=0, help="0: every prompt of the workload")
+    args = parser.parse_args(namespace=ARGS)
+    out = Path(args.out) / "gpu_spec_bench.json"
+    card = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    results: dict = {"device": card, "torch": torch.__version__,
+                     "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv)}
+    SAVE[0] = lambda: out.write_text(json.dumps(results, indent=2))
+    for section in args.only.split(","):
+        start = time.perf_counter()
+        log(f"== {section}")
+        try:
+            globals()[section](results)
+        except Exception:  # keep the other sections' numbers; record what failed
+            results[f"{section}_error"] = traceback.format_exc()
+            log(results[f"{section}_error"])
+        results[f"{section}_seconds"] = time.perf_counter() - start
+        out.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

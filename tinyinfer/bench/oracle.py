@@ -1,0 +1,58 @@
+"""A benchmark-only drafter whose acceptance rate is chosen rather than hoped for.
+
+A real draft model's acceptance depends on how well its weights match the target's; random
+weights of real shapes (the benchmark's presets) agree on almost nothing. To measure what
+speculative decoding costs and gains at a given acceptance α, the oracle drafter runs a draft
+model for its cost but proposes the target's own greedy continuation, each token replaced by
+a wrong one with chance 1 − α. Under greedy verification the target then keeps each examined
+draft token with chance α, as the closed form assumes.
+
+The continuation comes from an earlier greedy run (``follow``): the benchmark first decodes
+every prompt plainly, then once speculatively (untimed) and follows that run's tokens — the
+target's tokens as verification computes them, which in bf16 may round differently from a
+one-token decode step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tinyinfer.errors import TinyInferError
+from tinyinfer.model import Model
+from tinyinfer.scheduler import Sequence
+from tinyinfer.speculative import DraftModelDrafter
+
+
+class OracleDrafter(DraftModelDrafter):
+    """Run ``model`` as the draft model (its cost), but propose the followed continuation with
+    each token corrupted at rate 1 − acceptance (seeded)."""
+
+    name = "oracle"
+
+    def __init__(self, model: Model, acceptance: float, seed: int = 0):
+        if not 0.0 <= acceptance <= 1.0:
+            raise TinyInferError(f"the oracle's acceptance must be within [0, 1], got {acceptance}")
+        super().__init__(model)
+        self.acceptance = acceptance
+        self.rng = np.random.default_rng(seed)
+        self.continuations: dict[tuple[int, ...], list[int]] = {}
+
+    def follow(self, prompts: list[list[int]], outputs: list[list[int]]) -> None:
+        """The greedy continuation of each prompt that later guesses propose."""
+        self.continuations = {tuple(p): list(o) for p, o in zip(prompts, outputs)}
+
+    def guess(self, seq: Sequence, guesses: list[int], logits: np.ndarray) -> tuple[int, np.ndarray]:
+        """The followed token at this position, or (chance 1 − acceptance, or past what was
+        followed) another one; q is one-hot on the guess. The draft model's logits only cost."""
+        vocab = logits.shape[-1]
+        known = self.continuations.get(tuple(seq.prompt_ids), [])
+        at = len(seq.output_ids) + len(guesses)
+        right = known[at] if at < len(known) else None
+        if right is not None and self.rng.random() < self.acceptance:
+            token = right
+        else:
+            wrong = int(self.rng.integers(vocab - 1))
+            token = wrong if right is None or wrong < right else wrong + 1  # never `right`
+        q = np.zeros(vocab)
+        q[token] = 1.0
+        return token, q

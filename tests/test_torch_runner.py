@@ -458,3 +458,19 @@ def test_a_kv_cache_dtype_that_is_not_offered_is_refused_in_one_line(oracle_mode
     assert done.stderr.strip().splitlines() == [
         "tinyinfer: error: --kv-cache-dtype: invalid choice fp8 (choose from auto, int8); "
         "see tinyinfer generate --help"]
+
+
+def test_gather_decode_attention_takes_a_bf16_cache():
+    """The gather + mask path (the CPU's, and the GPU check's reference) on a bf16 cache, as the
+    GPU runs it: it attends in float32 over the gathered pages and returns bf16 rows equal to the
+    same attention over a float32 copy of the cache."""
+    from tinyinfer.runners import torch_layers
+
+    qkv, positions, slots, tables, cache, cos, sin = verify_case(4, 2, 16, 4, True, q_len=3)  # noqa: F821
+    low = tuple(c.bfloat16() for c in cache)
+    got = torch_layers.paged_decode_attention(qkv.bfloat16(), positions, slots, tables, *low, cos, sin, 4)
+    exact = tuple(c.float() for c in low)  # the same stored values, in float32
+    want = torch_layers.paged_decode_attention(qkv.bfloat16().float(), positions, slots, tables, *exact,
+                                               cos, sin, 4)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)

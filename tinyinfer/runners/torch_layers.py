@@ -308,7 +308,7 @@ def read_pages(cache: Tensor, scale: Tensor | None, index: Tensor, dtype: torch.
     """cache[index] as values in dtype: int8 codes (scale given) dequantized.
     cache: [P, S, Hkv, hd], scale: [P, S, Hkv], index: page ids of any shape -> [*index, S, Hkv, hd]."""
     if scale is None:
-        return cache[index]
+        return cache[index].to(dtype)
     return dequantize_kv(cache[index], scale[index], dtype)
 
 

@@ -198,10 +198,7 @@ class TorchRunner:
 
     def forward_top(self, batch: Batch, kv_cache: TorchKVCache, k: int) -> TopLogits:
         """The same forward pass, reducing logits to their top k per row on the device."""
-        logits = self._device_logits(batch, kv_cache).float()  # [R, V]
-        values, ids = torch.topk(logits, k, dim=-1)
-        lse = torch.logsumexp(logits, dim=-1)
-        return TopLogits(ids.cpu().numpy(), values.cpu().numpy(), lse.cpu().numpy())
+        return device_top(self._device_logits(batch, kv_cache), k)
 
     @torch.no_grad()
     def _device_logits(self, batch: Batch, kv_cache: TorchKVCache) -> Tensor:
@@ -328,6 +325,14 @@ class TorchRunner:
         self._announced_compile = True
         print("tinyinfer: torch.compile is compiling the decode step (first decode; "
               "batches of 2+ compile once more)", file=sys.stderr, flush=True)
+
+
+def device_top(logits: Tensor, k: int) -> TopLogits:
+    """The top k ids and values of each row of logits [R, V], and its log-sum-exp, on the host."""
+    logits = logits.float()
+    values, ids = torch.topk(logits, k, dim=-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    return TopLogits(ids.cpu().numpy(), values.cpu().numpy(), lse.cpu().numpy())
 
 
 def _triton_decode_attention() -> Callable[..., Tensor] | None:

@@ -1,0 +1,167 @@
+"""gpt-fast, the GPU peer, timed at a tinyinfer preset's shape with random weights.
+
+gpt-fast (pytorch-labs/gpt-fast) is not a package and is never copied into this project: this
+script imports its modules from a checkout whose path you give, builds its ``Transformer`` at
+the shape of a tinyinfer bench preset, fills it with random weights, optionally quantizes it
+with gpt-fast's own handlers, and times gpt-fast's own ``generate`` the way its README does
+(``decode_one_token`` compiled with mode="reduce-overhead", one compiling run first, then
+timed runs: new tokens / wall time of ``generate``, prefill included).
+
+One GPU:
+
+    python scripts/peer_gpt_fast.py --gpt-fast peers/gpt-fast --preset llama-3-8b --quantize int4
+
+Tensor parallel, through gpt-fast's own ``tp.py`` (it reads torchrun's environment):
+
+    torchrun --standalone --nproc-per-node 2 scripts/peer_gpt_fast.py --gpt-fast peers/gpt-fast --preset llama-3-8b
+
+gpt-fast's int8 and int4 handlers quantize every ``nn.Linear``, the LM head included.
+``quantize.py`` imports gpt-fast's tokenizer module, so sentencepiece and tiktoken must be
+importable (no tokenizer is loaded: the prompt is random token ids).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def model_args(preset: str, max_len: int, model_args_cls: type) -> object:
+    """gpt-fast's ModelArgs at the shape of a tinyinfer bench preset."""
+    from tinyinfer.bench.shapes import shape_config
+
+    config, raw = shape_config(preset, max_len)
+    if config.family != "llama":
+        sys.exit(f"peer_gpt_fast: gpt-fast runs Llama-family shapes; {preset} is {config.family}")
+    scaling = raw.get("rope_scaling")
+    if scaling:
+        scaling = {k: scaling[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                           "original_max_position_embeddings")}
+    return model_args_cls(
+        block_size=max_len, vocab_size=config.vocab_size, n_layer=config.num_layers,
+        n_head=config.num_heads, n_local_heads=config.num_kv_heads, dim=config.hidden_size,
+        intermediate_size=config.intermediate_size, rope_base=float(raw.get("rope_theta", 10000.0)),
+        norm_eps=config.norm_eps, rope_scaling=scaling or None)
+
+
+def build(args: argparse.Namespace, rank: int | None):
+    import torch
+    import model as gf_model  # gpt-fast's model.py
+
+    torch.set_default_dtype(torch.bfloat16)
+    max_len = args.prompt_tokens + args.max_tokens + 8
+    with torch.device("cuda"):
+        torch.manual_seed(args.seed)  # every rank the same weights before sharding
+        model = gf_model.Transformer(model_args(args.preset, max_len, gf_model.ModelArgs))
+        for p in model.parameters():  # random weights of a trained model's scale
+            torch.nn.init.normal_(p, std=0.02)
+    if args.quantize != "none":
+        import quantize as gf_quant  # gpt-fast's quantize.py
+
+        if args.quantize == "int8":
+            handler = gf_quant.WeightOnlyInt8QuantHandler(model)
+        else:
+            handler = gf_quant.WeightOnlyInt4QuantHandler(model, groupsize=args.group_size)
+        state = handler.create_quantized_state_dict()
+        with torch.device("cuda"):
+            model = handler.convert_for_runtime()
+        model.load_state_dict(state, assign=True)
+    if rank is not None:
+        from tp import apply_tp  # gpt-fast's tp.py
+
+        apply_tp(model)
+    return model.to("cuda").eval()
+
+
+def streamed_bytes(model) -> int:
+    """What gpt-fast counts as the model size: every parameter and buffer outside the embedding
+    (its KV cache buffers excluded here; the caller builds them after)."""
+    import torch
+
+    total = 0
+    for name, child in model.named_children():
+        if not isinstance(child, torch.nn.Embedding):
+            total += sum(t.numel() * t.element_size() for t in child.parameters())
+            total += sum(t.numel() * t.element_size() for n, t in child.named_buffers()
+                         if "kv_cache" not in n and "freqs_cis" not in n and "causal_mask" not in n)
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpt-fast", required=True, type=Path, help="a gpt-fast checkout")
+    parser.add_argument("--preset", default="llama-3-8b", help="a tinyinfer bench preset")
+    parser.add_argument("--quantize", choices=("none", "int8", "int4"), default="none")
+    parser.add_argument("--group-size", type=int, default=128, help="int4 group size")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--runs", type=int, default=3, help="timed runs after the compiling one")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="write the result here (rank 0)")
+    args = parser.parse_args()
+    if not (args.gpt_fast / "generate.py").is_file():
+        sys.exit(f"peer_gpt_fast: no gpt-fast checkout at {args.gpt_fast} (generate.py missing)")
+    sys.path.insert(0, str(args.gpt_fast.resolve()))
+
+    import torch
+    import generate as gf  # gpt-fast's generate.py: sets its inductor options on import
+    from tp import maybe_init_dist
+
+    rank = maybe_init_dist()
+    torch.cuda.set_device(rank or 0)
+    world = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if rank is not None else 1
+    model = build(args, rank)
+    size = streamed_bytes(model)
+    gf.decode_one_token = torch.compile(gf.decode_one_token, mode="reduce-overhead", fullgraph=True)
+    prompt = torch.randint(0, 1024, (args.prompt_tokens,), device="cuda", dtype=torch.int64)
+
+    def once() -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out, _ = gf.generate(model, prompt, args.max_tokens, batch_size=1, interactive=False,
+                             draft_model=None, temperature=0.8, top_k=200)
+        torch.cuda.synchronize()
+        return (out.size(-1) - args.prompt_tokens) / (time.perf_counter() - start)
+
+    start = time.perf_counter()
+    once()  # compiles and captures
+    compile_s = time.perf_counter() - start
+    rates = [once() for _ in range(args.runs)]
+    if rank is not None:
+        torch.distributed.destroy_process_group()
+    if rank not in (None, 0):
+        return
+    rate = statistics.median(rates)
+    result = {
+        "peer": "gpt-fast", "commit": _commit(args.gpt_fast), "preset": args.preset,
+        "weights": "bf16" if args.quantize == "none" else
+                   f"{args.quantize}" + (f"-g{args.group_size}" if args.quantize == "int4" else ""),
+        "tensor_parallel": world, "prompt_tokens": args.prompt_tokens,
+        "max_tokens": args.max_tokens, "tok_s": rate, "tok_s_runs": rates,
+        "compile_s": compile_s, "bytes_per_step_per_rank": size,
+        "achieved_bytes_s_per_rank": size * rate,
+        "card": torch.cuda.get_device_name(), "torch": torch.__version__,
+    }
+    print(f"gpt-fast {args.preset} {result['weights']} TP={world}: {rate:.1f} tok/s "
+          f"(median of {args.runs}; compile {compile_s:.1f} s; {size / 1e9:.2f} GB per step per rank, "
+          f"{size * rate / 1e12:.2f} TB/s) on {result['card']}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+def _commit(checkout: Path) -> str | None:
+    """The checkout's commit, where whoever fetched it wrote it down in a COMMIT file."""
+    marker = checkout / "COMMIT"
+    return marker.read_text().strip() if marker.is_file() else None
+
+
+if __name__ == "__main__":
+    main()

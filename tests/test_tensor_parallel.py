@@ -63,7 +63,7 @@ def generate(model, prompts, params: SamplingParams, **engine_options):
 
 @pytest.fixture(scope="class")
 def bundled_pair():
-    tp = tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu")
+    tp = tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu", time_collectives=True)
     yield tp, tinyinfer.load("bundled", runner="torch", device="cpu")
     tp.runner.close()
 
@@ -348,7 +348,8 @@ def test_cli_bench_latency_reports_ranks_and_all_reduce_time(tmp_path):
     out = tmp_path / "latency.json"
     result = subprocess.run(
         [sys.executable, "-m", "tinyinfer", "bench", "latency", "--runner", "torch",
-         "--tensor-parallel", "2", "--prompt-tokens", "16", "--max-tokens", "4", "--json", str(out)],
+         "--tensor-parallel", "2", "--time-collectives", "--prompt-tokens", "16", "--max-tokens", "4",
+         "--json", str(out)],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "all-reduce" in result.stdout
@@ -363,17 +364,19 @@ def test_cli_bench_latency_reports_ranks_and_all_reduce_time(tmp_path):
     assert refused.returncode == 2 and "without --tensor-parallel" in refused.stderr
 
 
-def test_untimed_collectives_are_counted_and_change_nothing():
+def test_collectives_are_untimed_unless_asked_and_counted_either_way():
     params = SamplingParams(max_tokens=6, temperature=0)
     reference = tinyinfer.load("bundled", runner="torch", device="cpu")
     expected, _ = generate(reference, [[5, 6, 7, 8]], params)
-    tp = tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu", time_collectives=False)
+    tp = tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu")
     try:
         tokens, _ = generate(tp, [[5, 6, 7, 8]], params)
         assert tokens == expected
         layers = tp.config.num_layers
-        assert [(t.num_all_reduces, t.all_reduce_s) for t in tp.runner.last_timings] == [(2 * layers + 1, 0.0)] * 2
+        assert [(t.num_all_reduces, t.all_reduce_s, t.forward_s) for t in tp.runner.last_timings] == \
+            [(2 * layers + 1, 0.0, 0.0)] * 2
         assert tp.runner.describe()["time_collectives"] is False
+        assert tp.runner.describe()["all_reduce"] == "nccl"
     finally:
         tp.runner.close()
 

@@ -113,12 +113,14 @@ def random_llama_folder(root: Path) -> Path:
     return folder
 
 
-def bundled_tp2() -> tuple[dict, Any]:
+def bundled_tp2(**options: Any) -> tuple[dict, Any]:
     tok = tinyinfer.load("bundled").tokenizer
     prompts = [tok.encode(p) for p in ("ROMEO:\nO, she doth teach the torches to burn bright!",
                                        "JULIET:", "HAMLET:")]
-    return compare(lambda: tinyinfer.load("bundled", runner="torch", device="cuda", dtype="float32"),
-                   lambda: tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cuda", dtype="float32"), prompts)
+    one = {k: v for k, v in options.items() if k == "compile"}
+    return compare(lambda: tinyinfer.load("bundled", runner="torch", device="cuda", dtype="float32", **one),
+                   lambda: tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cuda",
+                                          dtype="float32", **options), prompts)
 
 
 def gqa(world: int, dtype: str, **options: Any) -> tuple[dict, Any]:
@@ -296,7 +298,7 @@ def batch_decode(model: Any, batch: int, prompt_tokens: int = 128, decode_tokens
         while engine.has_unfinished():
             t = time.perf_counter()
             trace = engine.step()
-            if run and trace.decode_tokens == batch and trace.prefill_tokens == 0:
+            if run and trace.num_batched_tokens == batch and trace.num_running == batch:  # all decoding
                 times.append(time.perf_counter() - t)
     step = statistics.median(times)
     return {"batch": batch, "step_ms": 1e3 * step, "tokens_per_s": batch / step, "steps": len(times)}
@@ -439,7 +441,10 @@ def stages(out: Path) -> dict[str, Callable[[], tuple[Any, Any]]]:
             table[f"cli_tp{world}_{kind}_torchrun"] = lambda world=world, kind=kind: cli_latency(
                 world, out, "--all-reduce", kind, torchrun=True)
         table[f"gpt_fast_tp{world}"] = lambda world=world: peer_gpt_fast(world, out, peers)
+        table[f"cli_tp{world}"] = lambda world=world: cli_latency(world, out)  # the defaults
+        table[f"8b_tp{world}_batch32"] = lambda world=world: scaling(world, out, batch=32)
     table["8b_tp2_nccl_timed"] = lambda: scaling(2, out, time_collectives=True)
+    table["bundled_tp2_symm_mem"] = lambda: bundled_tp2(compile=False, all_reduce="symm_mem")
     for world in (2, 4):
         table[f"gqa_tp{world}_symm_mem_float32"] = lambda world=world: gqa(
             world, "float32", compile=False, all_reduce="symm_mem")

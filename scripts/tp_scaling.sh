@@ -3,18 +3,20 @@
 # time where they use disjoint GPUs (CUDA_VISIBLE_DEVICES), each under a time limit.
 #   bash scripts/tp_scaling.sh OUT_DIR explore   # variants, profiles, correctness, all-reduce sweeps
 #   bash scripts/tp_scaling.sh OUT_DIR final     # TP=1/2/4 through the CLI, and gpt-fast beside it
-# Results: OUT_DIR/<group>/tp_gpu_check.json, one per group of stages; logs beside them.
+# Results: OUT_DIR/summary.json (every group's tp_gpu_check.json, by group), OUT_DIR/logs.txt and
+# the profiles' kernel tables (the device machine returns only a few files).
 out=${1:?usage: tp_scaling.sh OUT_DIR explore|final}
 mode=${2:?usage: tp_scaling.sh OUT_DIR explore|final}
 here=$(cd "$(dirname "$0")" && pwd)
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 start=$SECONDS
+work=$(mktemp -d)
 
 # group GPUS LIMIT STAGE...: the stages one after another on those GPUs, output in OUT/<first stage>
 group() {
   local gpus=$1 limit=$2; shift 2
-  local dir="$out/$1"
+  local dir="$work/$1"
   mkdir -p "$dir"
   CUDA_VISIBLE_DEVICES=$gpus timeout -s ABRT "$limit" \
     python3 "$here/tp_gpu_check.py" --out "$dir" "$@" > "$dir/log.txt" 2>&1
@@ -29,35 +31,51 @@ if [ "$mode" = explore ]; then
   group 0,1,2,3 90 8b_tp4_symm_mem_batch32
   group 0,1,2,3 60 gqa_tp4_symm_mem_float32 all_reduce_tp4_small all_reduce_tp2_small all_reduce_tp4_LL
 else
-  group 0 150 cli_tp1_nccl & group 1 150 gpt_fast_tp1 & wait
-  group 0,1 150 cli_tp2_symm_mem & group 2,3 150 gpt_fast_tp2 & wait
-  group 0,1,2,3 90 cli_tp4_symm_mem_torchrun
-  group 0,1,2,3 150 gpt_fast_tp4
+  group 0 60 cli_tp1 & group 2,3 60 bundled_tp2_symm_mem & wait
+  group 0 110 gpt_fast_tp1
+  group 0,1 70 cli_tp2
+  group 0,1 120 gpt_fast_tp2
+  group 0,1,2,3 80 8b_tp4_batch32
+  group 0,1,2,3 130 gpt_fast_tp4
+  group 0,1,2,3 60 gqa_tp4_symm_mem_float32 all_reduce_tp4_small
+  group 0,1,2,3 60 8b_tp4_nccl
 fi
 echo "=== done in $((SECONDS - start)) s"
-for f in "$out"/*/tp_gpu_check.json; do echo "--- $f"; python3 - "$f" <<'EOF'
-import json, sys
-data = json.load(open(sys.argv[1]))
-for name, value in data.items():
-    if not isinstance(value, dict):
-        continue
-    if "error" in value:
-        print(name, "ERROR", value["error"][-600:])
-        continue
-    lat = value.get("latency", value)
-    peer = value.get("peer")
-    if peer:
-        print(name, f"{peer['tok_s']:.1f} tok/s (gpt-fast, prefill included) compile {peer['compile_s']:.0f} s")
-    if "decode_tokens_per_s" in lat:
-        print(name, f"{lat['decode_tokens_per_s']:.1f} tok/s TTFT {lat['ttft_ms']:.1f} ms",
-              {k: value[k] for k in ("exit_after_output_s", "returncode", "leaked_semaphores", "fatal", "traceback") if k in value})
-    for key in ("batch32", "profile"):
-        if key in value:
-            v = value[key]
-            print(" ", key, {k: v[k] for k in v if not k.startswith("top")})
-    if "sizes" in value:
-        print(name, value["after_matmul_8kb"], [(r["bytes"], round(r["graph_us"], 1), round(r.get("one_shot_graph_us", 0), 1), round(r.get("two_shot_graph_us", 0), 1), r.get("one_shot_rel_err")) for r in value["sizes"]])
-    if "greedy_tokens_identical" in value:
-        print(name, {k: value[k] for k in ("prompt_logits_rel_err", "greedy_tokens_identical", "decode_logprob_max_abs_diff")})
+python3 - "$work" "$out" <<'EOF'
+import json, shutil, sys
+from pathlib import Path
+work, out = Path(sys.argv[1]), Path(sys.argv[2])
+summary, logs = {}, []
+for group in sorted(work.iterdir()):
+    for f in sorted(group.iterdir()):
+        if f.name == "tp_gpu_check.json":
+            summary[group.name] = json.loads(f.read_text())
+        elif f.name.startswith("profile"):
+            shutil.copy(f, out / f.name)
+        elif f.suffix in (".txt", ".log"):
+            logs.append(f"===== {group.name}/{f.name}\n{f.read_text()[-20000:]}")
+(out / "summary.json").write_text(json.dumps(summary, indent=2))
+(out / "logs.txt").write_text("\n".join(logs))
+for group, data in summary.items():
+    for name, value in data.items():
+        if not isinstance(value, dict):
+            continue
+        if "error" in value:
+            print(name, "ERROR", value["error"][-600:])
+            continue
+        lat = value.get("latency", value)
+        peer = value.get("peer")
+        if peer:
+            print(name, f"{peer['tok_s']:.1f} tok/s (gpt-fast, prefill included) compile {peer['compile_s']:.0f} s")
+        if "decode_tokens_per_s" in lat:
+            print(name, f"{lat['decode_tokens_per_s']:.1f} tok/s TTFT {lat['ttft_ms']:.1f} ms",
+                  {k: value[k] for k in ("exit_after_output_s", "returncode", "leaked_semaphores", "fatal", "traceback") if k in value})
+        for key in ("batch32", "profile"):
+            if key in value:
+                v = value[key]
+                print(" ", key, {k: v[k] for k in v if not k.startswith("top")})
+        if "sizes" in value:
+            print(name, value["after_matmul_8kb"], [(r["bytes"], round(r["graph_us"], 1), round(r.get("one_shot_graph_us", 0), 1), round(r.get("two_shot_graph_us", 0), 1), r.get("one_shot_rel_err")) for r in value["sizes"]])
+        if "greedy_tokens_identical" in value:
+            print(name, {k: value[k] for k in ("prompt_logits_rel_err", "greedy_tokens_identical", "decode_logprob_max_abs_diff")})
 EOF
-done

@@ -49,8 +49,8 @@ from tinyinfer.runners.torch_weights import pick_device
 from tinyinfer.runners.tp.runner import TensorParallelRunner, serve_worker
 from tinyinfer.runners.tp.shard import (
     ShardRunner,
-    check_all_reduce,
     check_tensor_parallel,
+    pick_all_reduce,
     random_shard_weights,
 )
 from tinyinfer.weights import load_weights
@@ -131,7 +131,9 @@ def _spec(config: ModelConfig, path: Path | None, world: int, device: str | None
     if init_method == "env://":  # torchrun: this host holds LOCAL_WORLD_SIZE of the ranks
         gpu_count *= world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
     check_tensor_parallel(config, world, device_type, gpu_count)
-    check_all_reduce(options.get("all_reduce", "nccl"), device_type)
+    one_host = init_method != "env://" or int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world
+    options = {**options, "all_reduce": pick_all_reduce(
+        options.get("all_reduce", "auto"), device_type, list(range(world)) if one_host else None)}
     if dist.is_initialized():
         raise TinyInferError("this process already runs a torch.distributed group (another "
                              "tensor-parallel model?): close() its runner before loading another")

@@ -18,8 +18,8 @@ Every rank runs the same forward pass on its own slice of the weights:
 Biases of row-parallel layers (o, down / proj) live on rank 0 only, so the all-reduce adds
 them once. Norms and GPT-2's position table are small and replicated.
 
-The all-reduces go through NCCL, or (``all_reduce="symm_mem"``, CUDA) through torch's
-symmetric memory: each rank copies its partial sum into a buffer every peer can read over
+The all-reduces go through NCCL, or (``all_reduce="symm_mem"``, CUDA; "auto" where every GPU
+of the split can read every other's memory) through torch's symmetric memory: each rank copies its partial sum into a buffer every peer can read over
 NVLink and one kernel reads and adds them all ("one-shot"), with no NVLink multicast. Messages
 of a decode step are a few KB, where NCCL's fixed cost per call dominates.
 
@@ -56,19 +56,26 @@ from tinyinfer.weights import Bf16Array
 
 WeightArray = np.ndarray | Bf16Array | Tensor
 
-ALL_REDUCES = ("nccl", "symm_mem")
+ALL_REDUCES = ("auto", "nccl", "symm_mem")
 # torch 2.13 renamed all_gather_into_tensor; older releases (2.11, ...) have only that name
 _all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 SYMM_MEM_MAX_BYTES = 512 << 10  # larger messages (long prefill chunks) go through NCCL
 
 
-def check_all_reduce(choice: str, device_type: str) -> None:
-    """Raise TinyInferError unless ``choice`` names an all-reduce this device can run."""
+def pick_all_reduce(choice: str, device_type: str, gpus: list[int] | None) -> str:
+    """"nccl" or "symm_mem" for ``choice``; "auto" takes symm_mem where the ranks' GPUs (all on
+    this host: ``gpus``; None when they span hosts) can all read each other's memory, else nccl
+    (gloo on CPU). Raises TinyInferError for a choice this machine cannot run."""
     if choice not in ALL_REDUCES:
         raise TinyInferError(f"all_reduce must be one of {ALL_REDUCES}, got {choice!r}")
     if choice == "symm_mem" and device_type != "cuda":
         raise TinyInferError("all_reduce='symm_mem' reads peers' GPU memory: it needs CUDA "
                              "(use all_reduce='nccl', or gloo's default on CPU)")
+    if choice != "auto":
+        return choice
+    peers = (device_type == "cuda" and gpus is not None and len(gpus) > 1
+             and all(torch.cuda.can_device_access_peer(a, b) for a in gpus for b in gpus if a != b))
+    return "symm_mem" if peers else "nccl"
 
 
 def check_tensor_parallel(config: ModelConfig, world: int, device_type: str, gpu_count: int) -> None:
@@ -303,7 +310,8 @@ class ShardRunner(TorchRunner):
     ``weights`` are the whole model's (cut here), or this rank's shard already when ``presharded``.
     ``time_collectives=True`` times every collective (CUDA events, recorded into the decode
     graphs too) and the forward pass; by default they are only counted and the step's time is
-    reported as compute. ``all_reduce`` is "nccl" or "symm_mem" (see the module doc).
+    reported as compute. ``all_reduce`` is "nccl" or "symm_mem" (see the module doc; the launcher
+    resolves "auto").
 
     Decode steps replay CUDA graphs as on one GPU: the all-reduces and the logits all-gather
     are captured with the layers, and every rank captures the same step at the same moment,
@@ -324,7 +332,8 @@ class ShardRunner(TorchRunner):
         self.full_config = config
         self.rank, self.world = rank, world
         self.vocab = VocabShard.of(config.vocab_size, rank, world)
-        check_all_reduce(all_reduce, self.device.type)
+        if all_reduce not in ALL_REDUCES[1:]:
+            raise TinyInferError(f"a shard's all_reduce is one of {ALL_REDUCES[1:]}, got {all_reduce!r}")
         self.all_reduce_kind = all_reduce
         if self.cuda_graphs and time_collectives and not _graph_events_supported():
             raise TinyInferError(f"torch {torch.__version__} cannot time collectives inside CUDA "

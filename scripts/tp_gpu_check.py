@@ -141,7 +141,6 @@ def _symm_buffers(numel: int) -> tuple[list[torch.Tensor], str]:
     from torch.distributed import _symmetric_memory as symm_mem
 
     group_name = dist.group.WORLD.group_name
-    symm_mem.enable_symm_mem_for_group(group_name)
     buffers = []
     for _ in range(2):
         buffer = symm_mem.empty(numel, dtype=torch.bfloat16, device="cuda")
@@ -279,10 +278,14 @@ def scaling(world: int, out: Path, profile_steps: int = 0, batch: int = 0, **opt
     result = bs.as_dict(bs.bench_latency(model, prompt_tokens=128, decode_tokens=256))
     result["runner"] = model.runner.describe()
     result["card"] = torch.cuda.get_device_name()
-    if batch:
-        result[f"batch{batch}"] = batch_decode(model, batch)
-    if profile_steps:
-        result["profile"] = profile(model, out, profile_steps)[0]
+    extras = {f"batch{batch}": (lambda: batch_decode(model, batch)) if batch else None,
+              "profile": (lambda: profile(model, out, profile_steps)[0]) if profile_steps else None}
+    for key, extra in extras.items():
+        if extra is not None:
+            try:  # a failed extra must not lose the latency measured above
+                result[key] = extra()
+            except Exception:
+                result[key] = {"error": traceback.format_exc(limit=8)}
     return result, model
 
 

@@ -361,7 +361,6 @@ class ShardRunner(TorchRunner):
         group = dist.group.WORLD
         assert group is not None
         self._group_name = group.group_name
-        symm_mem.enable_symm_mem_for_group(self._group_name)
         # Two buffers in turn: a rank writes buffer b only after every peer entered the
         # all-reduce that used the other one, so after each finished reading b last time.
         numel = SYMM_MEM_MAX_BYTES // self.dtype.itemsize

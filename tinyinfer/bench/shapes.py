@@ -17,6 +17,7 @@ Each row names the weights it ran: the format, or the float dtype.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import statistics
 import time
@@ -245,6 +246,11 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
                 ttfts.append(step_times[0])
                 tpots += step_times[1:]
                 ranked += step_ranks[1:]
+            # Free this run's KV cache and its CUDA graphs now, not inside the next run's timed
+            # first step (a tensor-parallel runner frees a dropped cache at its next command; a
+            # cache and its graphs form a cycle that waits for the garbage collector).
+            del engine
+            gc.collect()
     itemsize = model.runner.info.itemsize
     kv_read = model.config.kv_bytes_per_token(itemsize) * (prompt_tokens + decode_tokens // 2) // ranks
     bytes_per_step = weight_bytes(model) + kv_read

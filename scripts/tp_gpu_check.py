@@ -17,6 +17,16 @@ through ``tinyinfer.bench.shapes.bench_latency`` (prompt 512, 128 tokens), the 7
 
 profile_8b_tp1 / _tp2: torch.profiler over 20 decode steps on rank 0 — GPU kernel time, NCCL
 kernel time and GPU idle time per step, and the kernel table in DIR/profile_tp<N>.txt.
+
+8b_tp<N>[_nccl|_symm_mem][_profile|_batch32]: the 8B shape at prompt 128, 256 new tokens (the
+default all-reduce, or the one named), with a profile (top kernels and host ops) or the decode
+rate of 32 sequences; cli_tp<N>[...][_torchrun]: ``tinyinfer bench latency`` as a user runs it
+(spawned ranks or torchrun), with how long it took to exit after its table and whether stderr
+shows a leaked semaphore, an abort or a traceback; gpt_fast_tp<N>: scripts/peer_gpt_fast.py at
+the same shape (torchrun for N > 1; the checkout at $GPT_FAST, default peers/gpt-fast);
+all_reduce_tp<N>_small / _LL / _LL128: the sweep over decode-sized messages with NCCL's
+protocol as named, each also through torch's symmetric-memory one-shot and two-shot and after
+a matrix product. scripts/tp_scaling.sh runs these in one call on a 4-GPU host.
 """
 
 from __future__ import annotations

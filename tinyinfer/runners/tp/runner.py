@@ -18,6 +18,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
 import numpy as np
@@ -201,6 +202,9 @@ class TensorParallelRunner:
             kv_id, local = self._dropped.popleft()
             _release(local)
             drop.append(kv_id)
-        command = Command(command.kind, command.kv_id, command.args, command.batch, tuple(drop))
+        # Pickled once for all workers (what Connection.send does per call; a decode step's
+        # command takes tens of microseconds to pickle, and the last worker starts that much later)
+        data = ForkingPickler.dumps(Command(command.kind, command.kv_id, command.args, command.batch,
+                                            tuple(drop)))
         for conn in self.conns:
-            conn.send(command)
+            conn.send_bytes(data)

@@ -599,3 +599,27 @@ def test_torchrun_with_another_process_count_is_refused_on_every_rank():
     assert result.returncode != 0
     assert "torchrun started 2 processes but tensor_parallel is 4" in result.stderr
     assert _still_running(mark) == []
+
+
+def test_all_reduce_choices_and_their_refusals():
+    from tinyinfer.runners.tp.shard import pick_all_reduce
+
+    assert pick_all_reduce("auto", "cpu", [0, 1]) == "nccl"  # gloo's all-reduce on CPU
+    assert pick_all_reduce("auto", "cuda", None) == "nccl"  # ranks on several hosts
+    with pytest.raises(TinyInferError, match="needs CUDA"):
+        tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu", all_reduce="symm_mem")
+    with pytest.raises(TinyInferError, match="must be one of"):
+        tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu", all_reduce="ring")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--all-reduce", "nccl"), "apply to a model split with --tensor-parallel"),
+    (("--tensor-parallel", "2", "--all-reduce", "symm_mem"), "needs CUDA"),
+])
+def test_cli_all_reduce_flags_are_checked(flags, message):
+    import subprocess
+
+    result = subprocess.run(_tinyinfer("generate", "hi", "--runner", "torch", "--device", "cpu", *flags),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and message in result.stderr
+    assert "Traceback" not in result.stderr

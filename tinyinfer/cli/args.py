@@ -29,8 +29,8 @@ def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") ->
                              "torch runner")
     parser.add_argument("--all-reduce", choices=("auto", "nccl", "symm_mem"), default=None,
                         help="how tensor-parallel ranks sum partial results: nccl, or symm_mem "
-                             "(one kernel reading the peers' buffers over NVLink; CUDA) (default: "
-                             "auto = symm_mem where every GPU can read every other's memory)")
+                             "(one kernel reading the peers' buffers over NVLink; CUDA), or auto "
+                             "(symm_mem where every GPU can read every other's memory) (default: nccl)")
     parser.add_argument("--time-collectives", action="store_true",
                         help="time each rank's all-reduces and forward pass with CUDA events "
                              "(tensor parallel; off by default: the events cost time)")

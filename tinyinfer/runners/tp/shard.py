@@ -18,8 +18,8 @@ Every rank runs the same forward pass on its own slice of the weights:
 Biases of row-parallel layers (o, down / proj) live on rank 0 only, so the all-reduce adds
 them once. Norms and GPT-2's position table are small and replicated.
 
-The all-reduces go through NCCL, or (``all_reduce="symm_mem"``, CUDA; "auto" where every GPU
-of the split can read every other's memory) through torch's symmetric memory: each rank copies its partial sum into a buffer every peer can read over
+The all-reduces go through NCCL (the default), or (``all_reduce="symm_mem"``, CUDA; "auto"
+where every GPU of the split can read every other's memory) through torch's symmetric memory: each rank copies its partial sum into a buffer every peer can read over
 NVLink and one kernel reads and adds them all ("one-shot"), with no NVLink multicast. Messages
 of a decode step are a few KB, where NCCL's fixed cost per call dominates.
 

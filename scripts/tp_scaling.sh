@@ -3,6 +3,8 @@
 # time where they use disjoint GPUs (CUDA_VISIBLE_DEVICES), each under a time limit.
 #   bash scripts/tp_scaling.sh OUT_DIR explore   # variants, profiles, correctness, all-reduce sweeps
 #   bash scripts/tp_scaling.sh OUT_DIR final     # TP=1/2/4 through the CLI, and gpt-fast beside it
+# Needs tinyinfer's dependencies importable (and, for gpt-fast, GPT_FAST=a checkout; for the
+# gqa stages, transformers with its own regex: don't shadow it with an older regex wheel).
 # Results: OUT_DIR/summary.json (every group's tp_gpu_check.json, by group), OUT_DIR/logs.txt and
 # the profiles' kernel tables (the device machine returns only a few files).
 out=${1:?usage: tp_scaling.sh OUT_DIR explore|final}

@@ -17,6 +17,16 @@ through ``tinyinfer.bench.shapes.bench_latency`` (prompt 512, 128 tokens), the 7
 
 profile_8b_tp1 / _tp2: torch.profiler over 20 decode steps on rank 0 — GPU kernel time, NCCL
 kernel time and GPU idle time per step, and the kernel table in DIR/profile_tp<N>.txt.
+
+8b_tp<N>[_nccl|_symm_mem][_profile|_batch32]: the 8B shape at prompt 128, 256 new tokens (the
+default all-reduce, or the one named), with a profile (top kernels and host ops) or the decode
+rate of 32 sequences; cli_tp<N>[...][_torchrun]: ``tinyinfer bench latency`` as a user runs it
+(spawned ranks or torchrun), with how long it took to exit after its table and whether stderr
+shows a leaked semaphore, an abort or a traceback; gpt_fast_tp<N>: scripts/peer_gpt_fast.py at
+the same shape (torchrun for N > 1; the checkout at $GPT_FAST, default peers/gpt-fast);
+all_reduce_tp<N>_small / _LL / _LL128: the sweep over decode-sized messages with NCCL's
+protocol as named, each also through torch's symmetric-memory one-shot and two-shot and after
+a matrix product. scripts/tp_scaling.sh runs these in one call on a 4-GPU host.
 """
 
 from __future__ import annotations
@@ -66,7 +76,10 @@ class Report:
         print(name, json.dumps(result, indent=1)[:3000], flush=True)
         self.path.write_text(json.dumps(self.data, indent=2))
         if model is not None:
+            t = time.perf_counter()
             model.runner.close()
+            self.data[f"{name}_close_s"] = round(time.perf_counter() - t, 2)
+            self.path.write_text(json.dumps(self.data, indent=2))
 
 
 # ---------------------------------------------------------------- correctness
@@ -110,81 +123,150 @@ def random_llama_folder(root: Path) -> Path:
     return folder
 
 
-def bundled_tp2() -> tuple[dict, Any]:
+def bundled_tp2(**options: Any) -> tuple[dict, Any]:
     tok = tinyinfer.load("bundled").tokenizer
     prompts = [tok.encode(p) for p in ("ROMEO:\nO, she doth teach the torches to burn bright!",
                                        "JULIET:", "HAMLET:")]
-    return compare(lambda: tinyinfer.load("bundled", runner="torch", device="cuda", dtype="float32"),
-                   lambda: tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cuda", dtype="float32"), prompts)
+    one = {k: v for k, v in options.items() if k == "compile"}
+    return compare(lambda: tinyinfer.load("bundled", runner="torch", device="cuda", dtype="float32", **one),
+                   lambda: tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cuda",
+                                          dtype="float32", **options), prompts)
 
 
-def gqa(world: int, dtype: str) -> tuple[dict, Any]:
+def gqa(world: int, dtype: str, **options: Any) -> tuple[dict, Any]:
     folder = random_llama_folder(Path(tempfile.mkdtemp()))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 1001, n).tolist() for n in (37, 5, 120)]
-    return compare(lambda: tinyinfer.load(folder, runner="torch", device="cuda", dtype=dtype),
-                   lambda: tinyinfer.load(folder, runner="torch", tensor_parallel=world, device="cuda", dtype=dtype), prompts)
+    one = {k: v for k, v in options.items() if k == "compile"}
+    return compare(lambda: tinyinfer.load(folder, runner="torch", device="cuda", dtype=dtype, **one),
+                   lambda: tinyinfer.load(folder, runner="torch", tensor_parallel=world, device="cuda",
+                                          dtype=dtype, **options), prompts)
 
 
 # ---------------------------------------------------------------- all-reduce sweep
 
 
-def _all_reduce_rank(rank: int, world: int, port: int, results: Any) -> None:
-    """Time one bf16 all-reduce per message size: eager, and replayed from a CUDA graph."""
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    rows = []
-    for nbytes in ALL_REDUCE_BYTES:
-        x = torch.zeros(nbytes // 2, dtype=torch.bfloat16, device="cuda")
-        reps = 50
-        for _ in range(5):
-            dist.all_reduce(x)
+def _symm_buffers(numel: int) -> tuple[list[torch.Tensor], str]:
+    """Two symmetric-memory bf16 buffers every rank can read (torch's one-shot all-reduce)."""
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    group_name = dist.group.WORLD.group_name
+    buffers = []
+    for _ in range(2):
+        buffer = symm_mem.empty(numel, dtype=torch.bfloat16, device="cuda")
+        symm_mem.rendezvous(buffer, group_name)
+        buffers.append(buffer)
+    return buffers, group_name
+
+
+def _graph_us(fn: Callable[[], Any], reps: int) -> float:
+    """Microseconds per call of ``fn`` replayed ``reps`` times from one CUDA graph (median of 5)."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
         torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    del graph
+    return 1e3 * statistics.median(times)
+
+
+def _all_reduce_rank(rank: int, world: int, port: int, results: Any, sizes: tuple[int, ...]) -> None:
+    """Time one bf16 all-reduce per message size: NCCL eager and in a CUDA graph; torch's
+    symmetric-memory one-shot and two-shot in a graph (checked against NCCL's sum); and each
+    after a matrix product, as between a model's layers."""
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            device_id=torch.device("cuda", rank))
+    small = [n for n in sizes if n <= 1 << 20]
+    buffers, group = _symm_buffers(max(small) // 2)
+    turn = [0]
+    rows = []
+
+    def one_shot(x: torch.Tensor, out: torch.Tensor) -> None:
+        view = buffers[turn[0]][:x.numel()]
+        turn[0] ^= 1
+        torch.ops.symm_mem.one_shot_all_reduce_copy_out(view, x, "sum", group, out)
+
+    def two_shot(x: torch.Tensor, out: torch.Tensor) -> None:
+        view = buffers[turn[0]][:x.numel()]
+        turn[0] ^= 1
+        view.copy_(x)
+        torch.ops.symm_mem.two_shot_all_reduce_out(view, "sum", group, out)
+
+    for nbytes in sizes:
+        gen = torch.Generator(device="cuda").manual_seed(rank)
+        x = torch.randn(nbytes // 2, generator=gen, device="cuda").to(torch.bfloat16)
+        reference = x.clone()
+        dist.all_reduce(reference)
+        row: dict[str, Any] = {"bytes": nbytes}
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         eager = []
         for _ in range(5):
             start.record()
-            for _ in range(reps):
+            for _ in range(50):
                 dist.all_reduce(x)
             end.record()
             torch.cuda.synchronize()
-            eager.append(start.elapsed_time(end) / reps)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(reps):
-                dist.all_reduce(x)
-        graph.replay()
-        torch.cuda.synchronize()
-        graphed = []
-        for _ in range(5):
-            start.record()
-            graph.replay()
-            end.record()
-            torch.cuda.synchronize()
-            graphed.append(start.elapsed_time(end) / reps)
-        rows.append({"bytes": nbytes, "eager_us": 1e3 * statistics.median(eager),
-                     "graph_us": 1e3 * statistics.median(graphed)})
-        del graph
+            eager.append(start.elapsed_time(end) / 50)
+        row["eager_us"] = 1e3 * statistics.median(eager)
+        row["graph_us"] = _graph_us(lambda: dist.all_reduce(x), 50)
+        if nbytes in small:
+            x = torch.randn(nbytes // 2, generator=gen, device="cuda").to(torch.bfloat16)
+            out = torch.empty_like(x)
+            for name, fn in (("one_shot", one_shot), ("two_shot", two_shot)):
+                want = x.clone()
+                dist.all_reduce(want)
+                fn(x, out)
+                torch.cuda.synchronize()
+                row[f"{name}_rel_err"] = float((out.float() - want.float()).norm() / want.float().norm())
+                row[f"{name}_graph_us"] = _graph_us(lambda fn=fn: fn(x, out), 50)
+        rows.append(row)
+    # Between layers: a [1, 4096] x [4096, 4096] product, then the all-reduce of its 8 KB
+    # result, 64 times in one graph; minus the products alone = what each all-reduce adds.
+    a = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
+    h = torch.empty(1, 4096, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(h)
+    mm_only = _graph_us(lambda: torch.mm(a, w, out=h), 64)
+    inter = {"matmul_us": mm_only}
+    for name, reduce in (("nccl", lambda: dist.all_reduce(h)), ("one_shot", lambda: one_shot(h, out)),
+                         ("two_shot", lambda: two_shot(h, out))):
+        inter[f"{name}_added_us"] = _graph_us(lambda reduce=reduce: (torch.mm(a, w, out=h), reduce()), 64) - mm_only
     if rank == 0:
-        results.put(rows)
+        results.put({"sizes": rows, "after_matmul_8kb": inter,
+                     "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}})
     dist.barrier()
+    buffers.clear()
     dist.destroy_process_group()
 
 
-def all_reduce_sweep(world: int) -> tuple[list[dict], None]:
+def all_reduce_sweep(world: int, sizes: tuple[int, ...] = ALL_REDUCE_BYTES) -> tuple[dict, None]:
     """Per message size: microseconds per all-reduce and the bus bandwidth 2 (N-1)/N bytes / time."""
     context = mp.get_context("spawn")
     results = context.Queue()
     port = free_port()
-    procs = [context.Process(target=_all_reduce_rank, args=(r, world, port, results)) for r in range(world)]
+    procs = [context.Process(target=_all_reduce_rank, args=(r, world, port, results, sizes))
+             for r in range(world)]
     for p in procs:
         p.start()
-    rows = results.get(timeout=300)
+    result = results.get(timeout=300)
     for p in procs:
         p.join(timeout=60)
-    for row in rows:
+    for row in result["sizes"]:
         row["graph_bus_GBps"] = 2 * (world - 1) / world * row["bytes"] / (row["graph_us"] * 1e-6) / 1e9
-    return rows, None
+    return result, None
 
 
 # ---------------------------------------------------------------- speed
@@ -196,6 +278,45 @@ def latency(model: Any) -> tuple[dict, Any]:
     return result, model
 
 
+def scaling(world: int, out: Path, profile_steps: int = 0, batch: int = 0, **options: Any) -> tuple[dict, Any]:
+    """The 8B shape at batch 1 (prompt 128, 256 new tokens, as ``bench latency`` defaults to
+    for this comparison), optionally a profile and a batch-``batch`` decode rate."""
+    if world == 1:
+        model = bs.shape_models("llama-3-8b", "cuda", "bfloat16")[0]
+    else:
+        model = bs.shape_tensor_parallel("llama-3-8b", world, "cuda", "bfloat16", **options)
+    result = bs.as_dict(bs.bench_latency(model, prompt_tokens=128, decode_tokens=256))
+    result["runner"] = model.runner.describe()
+    result["card"] = torch.cuda.get_device_name()
+    extras = {f"batch{batch}": (lambda: batch_decode(model, batch)) if batch else None,
+              "profile": (lambda: profile(model, out, profile_steps)[0]) if profile_steps else None}
+    for key, extra in extras.items():
+        if extra is not None:
+            try:  # a failed extra must not lose the latency measured above
+                result[key] = extra()
+            except Exception:
+                result[key] = {"error": traceback.format_exc(limit=8)}
+    return result, model
+
+
+def batch_decode(model: Any, batch: int, prompt_tokens: int = 128, decode_tokens: int = 64) -> dict:
+    """Median time of decode steps in which all ``batch`` sequences decode (a warm-up run first)."""
+    rng = np.random.default_rng(1)
+    params = tinyinfer.SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True)
+    times = []
+    for run in range(2):
+        engine = tinyinfer.Engine(model, max_num_seqs=batch, detail="none")
+        for _ in range(batch):
+            engine.add_request(rng.integers(0, model.config.vocab_size, prompt_tokens).tolist(), params)
+        while engine.has_unfinished():
+            t = time.perf_counter()
+            trace = engine.step()
+            if run and trace.num_batched_tokens == batch and trace.num_running == batch:  # all decoding
+                times.append(time.perf_counter() - t)
+    step = statistics.median(times)
+    return {"batch": batch, "step_ms": 1e3 * step, "tokens_per_s": batch / step, "steps": len(times)}
+
+
 def profile(model: Any, out: Path, steps: int = 20) -> tuple[dict, Any]:
     """Rank 0's host and GPU time over decode steps (after warm-up), from torch.profiler.
 
@@ -203,7 +324,7 @@ def profile(model: Any, out: Path, steps: int = 20) -> tuple[dict, Any]:
     of all kernels, of NCCL's, and the gap (the GPU idle while the host works or waits).
     """
     engine = tinyinfer.Engine(model, max_num_seqs=1, detail="none")
-    prompt = np.random.default_rng(0).integers(0, model.config.vocab_size, 512).tolist()
+    prompt = np.random.default_rng(0).integers(0, model.config.vocab_size, 128).tolist()
     engine.add_request(prompt, tinyinfer.SamplingParams(temperature=0, max_tokens=steps + 16, ignore_eos=True))
     for _ in range(8):  # prefill, compile, graph capture
         engine.step()
@@ -220,8 +341,80 @@ def profile(model: Any, out: Path, steps: int = 20) -> tuple[dict, Any]:
     nccl = sum(e.self_device_time_total for e in kernels if "nccl" in e.key.lower()) / steps / 1e3
     tp = int(model.runner.info.tensor_parallel)
     (out / f"profile_tp{tp}.txt").write_text(events.table(sort_by="self_device_time_total", row_limit=40))
-    return {"wall_ms_per_step": 1e3 * wall, "gpu_kernel_ms_per_step": gpu, "nccl_kernel_ms_per_step": nccl,
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:15]
+    comm = sum(e.self_device_time_total for e in kernels
+               if any(k in e.key.lower() for k in ("nccl", "all_reduce", "allreduce"))) / steps / 1e3
+    host = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CPU),
+                  key=lambda e: -e.self_cpu_time_total)[:12]
+    return {"top_kernels": [{"name": e.key[:90], "ms_per_step": e.self_device_time_total / steps / 1e3,
+                             "calls_per_step": e.count / steps} for e in top],
+            "top_host_ops": [{"name": e.key[:90], "ms_per_step": e.self_cpu_time_total / steps / 1e3,
+                              "calls_per_step": e.count / steps} for e in host],
+            "collective_kernel_ms_per_step": comm,
+            "wall_ms_per_step": 1e3 * wall, "gpu_kernel_ms_per_step": gpu, "nccl_kernel_ms_per_step": nccl,
             "gpu_idle_ms_per_step": 1e3 * wall - gpu, "timings_of_last_step": {**(last := engine.step()).timings, **last.rank_timings}}, model
+
+
+def command_exit(command: list[str], out: Path, name: str, timeout: float = 240) -> dict:
+    """Run a command; how long after its last line of output it took to exit, and whether its
+    stderr shows a leak, an abort or a traceback. Its output goes to OUT/NAME.log."""
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    lines, last = [], time.monotonic()
+    start = last
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        last = time.monotonic()
+        if last - start > timeout:
+            break
+    try:
+        code = proc.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        code = None
+    exited = time.monotonic()
+    err = proc.stderr.read() if proc.stderr is not None else ""
+    (out / f"{name}.log").write_text("".join(lines) + "\n--- stderr ---\n" + err)
+    return {"command": " ".join(command), "returncode": code, "seconds": round(exited - start, 1),
+            "exit_after_output_s": round(exited - last, 2), "stdout_tail": "".join(lines[-6:]),
+            "leaked_semaphores": "leaked semaphore" in err, "fatal": "Fatal Python error" in err,
+            "traceback": "Traceback" in err}
+
+
+def cli_latency(world: int, out: Path, *flags: str, torchrun: bool = False) -> tuple[dict, None]:
+    """``tinyinfer bench latency --preset llama-3-8b`` as a user runs it (and how it exits)."""
+    import sys
+
+    json_path = out / f"cli_tp{world}{'_torchrun' if torchrun else ''}.json"
+    tail = ["bench", "latency", "--preset", "llama-3-8b", "--runner", "torch", "--prompt-tokens", "128",
+            "--max-tokens", "256", "--json", str(json_path), *flags]
+    if world > 1:
+        tail += ["--tensor-parallel", str(world)]
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+                 "-m", "tinyinfer"] if torchrun else [sys.executable, "-m", "tinyinfer"])
+    result = command_exit(launcher + tail, out, json_path.stem)
+    if json_path.exists():
+        result["latency"] = json.loads(json_path.read_text())[0]
+    return result, None
+
+
+def peer_gpt_fast(world: int, out: Path, checkout: Path) -> tuple[dict, None]:
+    """gpt-fast at the same shape and lengths (scripts/peer_gpt_fast.py), torchrun for TP."""
+    import sys
+
+    json_path = out / f"gpt_fast_tp{world}.json"
+    script = [str(Path(__file__).parent / "peer_gpt_fast.py"), "--gpt-fast", str(checkout),
+              "--preset", "llama-3-8b", "--prompt-tokens", "128", "--max-tokens", "256", "--json", str(json_path)]
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
+                if world > 1 else [sys.executable])
+    result = command_exit(launcher + script, out, json_path.stem, timeout=400)
+    if json_path.exists():
+        result["peer"] = json.loads(json_path.read_text())
+    return result, None
 
 
 def with_env(name: str, value: str, make: Callable[[], Any]) -> Any:
@@ -247,7 +440,32 @@ def stages(out: Path) -> dict[str, Callable[[], tuple[Any, Any]]]:
         "profile_8b_tp1": lambda: profile(bs.shape_models("llama-3-8b", "cuda", "bfloat16")[0], out),
         "profile_8b_tp2": lambda: profile(bs.shape_tensor_parallel("llama-3-8b", 2, "cuda", "bfloat16"), out),
     }
+    peers = Path(os.environ.get("GPT_FAST", "peers/gpt-fast"))
+    for world in (1, 2, 4):
+        for kind in ("nccl", "symm_mem"):
+            table[f"8b_tp{world}_{kind}"] = lambda world=world, kind=kind: scaling(
+                world, out, **({} if world == 1 else {"all_reduce": kind}))
+            table[f"8b_tp{world}_{kind}_profile"] = lambda world=world, kind=kind: scaling(
+                world, out, profile_steps=20, **({} if world == 1 else {"all_reduce": kind}))
+            table[f"8b_tp{world}_{kind}_batch32"] = lambda world=world, kind=kind: scaling(
+                world, out, batch=32, **({} if world == 1 else {"all_reduce": kind}))
+            table[f"cli_tp{world}_{kind}"] = lambda world=world, kind=kind: cli_latency(
+                world, out, *(() if world == 1 else ("--all-reduce", kind)))
+            table[f"cli_tp{world}_{kind}_torchrun"] = lambda world=world, kind=kind: cli_latency(
+                world, out, "--all-reduce", kind, torchrun=True)
+        table[f"gpt_fast_tp{world}"] = lambda world=world: peer_gpt_fast(world, out, peers)
+        table[f"cli_tp{world}"] = lambda world=world: cli_latency(world, out)  # the defaults
+        table[f"8b_tp{world}_batch32"] = lambda world=world: scaling(world, out, batch=32)
+    table["8b_tp2_nccl_timed"] = lambda: scaling(2, out, time_collectives=True)
+    table["bundled_tp2_symm_mem"] = lambda: bundled_tp2(compile=False, all_reduce="symm_mem")
     for world in (2, 4):
+        table[f"gqa_tp{world}_symm_mem_float32"] = lambda world=world: gqa(
+            world, "float32", compile=False, all_reduce="symm_mem")
+        table[f"all_reduce_tp{world}_small"] = lambda world=world: all_reduce_sweep(
+            world, (8 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20))
+        for proto in ("LL", "LL128"):
+            table[f"all_reduce_tp{world}_{proto}"] = lambda world=world, proto=proto: with_env(
+                "NCCL_PROTO", proto, lambda: all_reduce_sweep(world, (8 << 10, 64 << 10)))
         table[f"all_reduce_tp{world}"] = lambda world=world: all_reduce_sweep(world)
         table[f"llama3_8b_tp{world}"] = lambda world=world: latency(
             bs.shape_tensor_parallel("llama-3-8b", world, "cuda", "bfloat16"))

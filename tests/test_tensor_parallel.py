@@ -63,7 +63,7 @@ def generate(model, prompts, params: SamplingParams, **engine_options):
 
 @pytest.fixture(scope="class")
 def bundled_pair():
-    tp = tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu")
+    tp = tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu", time_collectives=True)
     yield tp, tinyinfer.load("bundled", runner="torch", device="cpu")
     tp.runner.close()
 
@@ -368,7 +368,8 @@ def test_cli_bench_latency_reports_ranks_and_all_reduce_time(tmp_path):
     out = tmp_path / "latency.json"
     result = subprocess.run(
         [sys.executable, "-m", "tinyinfer", "bench", "latency", "--runner", "torch",
-         "--tensor-parallel", "2", "--prompt-tokens", "16", "--max-tokens", "4", "--json", str(out)],
+         "--tensor-parallel", "2", "--time-collectives", "--prompt-tokens", "16", "--max-tokens", "4",
+         "--json", str(out)],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "all-reduce" in result.stdout
@@ -383,17 +384,19 @@ def test_cli_bench_latency_reports_ranks_and_all_reduce_time(tmp_path):
     assert refused.returncode == 2 and "without --tensor-parallel" in refused.stderr
 
 
-def test_untimed_collectives_are_counted_and_change_nothing():
+def test_collectives_are_untimed_unless_asked_and_counted_either_way():
     params = SamplingParams(max_tokens=6, temperature=0)
     reference = tinyinfer.load("bundled", runner="torch", device="cpu")
     expected, _ = generate(reference, [[5, 6, 7, 8]], params)
-    tp = tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu", time_collectives=False)
+    tp = tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu")
     try:
         tokens, _ = generate(tp, [[5, 6, 7, 8]], params)
         assert tokens == expected
         layers = tp.config.num_layers
-        assert [(t.num_all_reduces, t.all_reduce_s) for t in tp.runner.last_timings] == [(2 * layers + 1, 0.0)] * 2
+        assert [(t.num_all_reduces, t.all_reduce_s, t.forward_s) for t in tp.runner.last_timings] == \
+            [(2 * layers + 1, 0.0, 0.0)] * 2
         assert tp.runner.describe()["time_collectives"] is False
+        assert tp.runner.describe()["all_reduce"] == "nccl"
     finally:
         tp.runner.close()
 
@@ -509,3 +512,134 @@ def test_closing_a_cpu_split_gives_this_process_its_threads_back():
             assert torch.get_num_threads() == 4  # not halved again by the next load
     finally:
         threads.use(1)  # as tests/conftest.py set it
+
+
+# ---------------------------------------------------------------------- exits and launchers
+
+
+def _marked_env() -> tuple[dict[str, str], str]:
+    """This environment plus a unique mark: every process a command starts inherits it."""
+    import os
+    import uuid
+
+    mark = uuid.uuid4().hex
+    return {**os.environ, "TINYINFER_TEST_MARK": mark}, mark
+
+
+def _still_running(mark: str) -> list[int]:
+    """Processes carrying the mark that are alive (not zombies)."""
+    from pathlib import Path
+
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if f"TINYINFER_TEST_MARK={mark}".encode() not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            state = next(line for line in (proc / "status").read_text().splitlines()
+                         if line.startswith("State:"))
+        except (OSError, StopIteration):
+            continue
+        if "zombie" not in state:
+            found.append(int(proc.name))
+    return found
+
+
+def _tinyinfer(*args: str, torchrun: int = 0) -> list[str]:
+    import sys
+
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={torchrun}"] if torchrun else [sys.executable]
+    return [*launcher, "-m", "tinyinfer", *args]
+
+
+def test_bench_latency_exits_after_its_work_leaving_no_process_or_semaphore():
+    import subprocess
+
+    env, mark = _marked_env()
+    result = subprocess.run(_tinyinfer("bench", "latency", "--runner", "torch", "--device", "cpu",
+                                       "--tensor-parallel", "2", "--prompt-tokens", "8", "--max-tokens", "3"),
+                            capture_output=True, text=True, env=env, timeout=300)  # a hang guard only
+    assert result.returncode == 0, result.stderr
+    assert "bundled / torch" in result.stdout
+    for bad in ("leaked semaphore", "Traceback", "Fatal Python error"):
+        assert bad not in result.stderr
+    assert _still_running(mark) == []
+
+
+def test_ctrl_c_mid_run_exits_130_with_no_traceback_and_no_worker_left():
+    import os
+    import signal
+    import subprocess
+
+    env, mark = _marked_env()
+    proc = subprocess.Popen(
+        interruptible_tinyinfer("bench", "latency", "--runner", "torch", "--device", "cpu",
+                                "--tensor-parallel", "2", "--prompt-tokens", "8", "--max-tokens", "400"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the model is loaded, the ranks are up: the benchmark runs
+            if line.startswith("model bundled"):
+                break
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: every process of the group
+        assert proc.wait(120) == 130
+        err = proc.stderr.read()
+        assert "Traceback" not in err and "leaked semaphore" not in err
+        assert _still_running(mark) == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_torchrun_launch_generates_what_one_process_does_and_exits():
+    import subprocess
+
+    def run(*extra: str, torchrun: int = 0) -> subprocess.CompletedProcess:
+        return subprocess.run(_tinyinfer("generate", "ROMEO:", "--runner", "torch", "--device", "cpu",
+                                         "--max-tokens", "12", "--temperature", "0", *extra, torchrun=torchrun),
+                              capture_output=True, text=True, env=env, timeout=300)
+
+    env, mark = _marked_env()
+    split = run("--tensor-parallel", "2", torchrun=2)
+    assert split.returncode == 0, split.stderr
+    assert split.stdout == run().stdout  # rank 1 printed nothing of its own
+    assert "Traceback" not in split.stderr
+    assert _still_running(mark) == []
+
+
+def test_torchrun_with_another_process_count_is_refused_on_every_rank():
+    import subprocess
+
+    env, mark = _marked_env()
+    result = subprocess.run(_tinyinfer("generate", "hi", "--runner", "torch", "--device", "cpu",
+                                       "--tensor-parallel", "4", torchrun=2),
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode != 0
+    assert "torchrun started 2 processes but tensor_parallel is 4" in result.stderr
+    assert _still_running(mark) == []
+
+
+def test_all_reduce_choices_and_their_refusals():
+    from tinyinfer.runners.tp.shard import pick_all_reduce
+
+    assert pick_all_reduce("auto", "cpu", [0, 1]) == "nccl"  # gloo's all-reduce on CPU
+    assert pick_all_reduce("auto", "cuda", None) == "nccl"  # ranks on several hosts
+    with pytest.raises(TinyInferError, match="needs CUDA"):
+        tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu", all_reduce="symm_mem")
+    with pytest.raises(TinyInferError, match="must be one of"):
+        tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu", all_reduce="ring")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--all-reduce", "nccl"), "apply to a model split with --tensor-parallel"),
+    (("--tensor-parallel", "2", "--all-reduce", "symm_mem"), "needs CUDA"),
+])
+def test_cli_all_reduce_flags_are_checked(flags, message):
+    import subprocess
+
+    result = subprocess.run(_tinyinfer("generate", "hi", "--runner", "torch", "--device", "cpu", *flags),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and message in result.stderr
+    assert "Traceback" not in result.stderr

@@ -16,15 +16,16 @@ from tui.options import Options
 from tui.panels.pages import PagesPanel
 from tui.panels.ranks import RanksPanel
 from tui.scenarios import SCENARIOS
-from tui.session import Session
+from tui.session import Session, load_model
 
 TP = dict(runner="torch", tensor_parallel=2)
 
 
 @pytest.fixture(scope="module")
 def tp_model():
-    """One TP=2 bundled model for the module (a process holds one at a time), closed at the end."""
-    model = tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu")
+    """One TP=2 bundled model for the module (a process holds one at a time), closed at the end;
+    loaded as the TUI loads it (its ranks time their collectives)."""
+    model = load_model(Options(model="bundled", **TP))
     yield model
     model.runner.close()
 

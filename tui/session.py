@@ -286,12 +286,14 @@ def reload(model: tinyinfer.Model, precision: str, device: str | None = None) ->
 def load_model(options: Options, quantize: str | None = None) -> tinyinfer.Model:
     """The model the options name. With --tensor-parallel it is split over worker processes (on
     the CPU unless a device is given): load it before a Textual app runs, whose stand-in for
-    sys.stderr has no file descriptor for multiprocessing to pass on, and close its runner after."""
+    sys.stderr has no file descriptor for multiprocessing to pass on, and close its runner after.
+    The ranks time their collectives: the ranks panel shows each rank's all-reduce time."""
     split = options.tensor_parallel > 1
     return tinyinfer.load(options.model, runner=options.runner,
                           device=options.device or ("cpu" if split else None), quantize=quantize,
                           tensor_parallel=options.tensor_parallel, measure_error=True,
-                          kv_cache_dtype=options.kv_cache_dtype)
+                          kv_cache_dtype=options.kv_cache_dtype,
+                          **({"time_collectives": True} if split else {}))
 
 
 def speculation_for(options: Options, model: tinyinfer.Model, on: bool) -> Speculation:

@@ -17,6 +17,7 @@ Each row names the weights it ran: the format, or the float dtype.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import statistics
 import time
@@ -266,6 +267,11 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
                 requests.append(sum(step_times))
             else:
                 warmup_s = sum(step_times)
+            # Free this run's KV cache and its CUDA graphs now, not inside the next run's timed
+            # first step (a tensor-parallel runner frees a dropped cache at its next command; a
+            # cache and its graphs form a cycle that waits for the garbage collector).
+            del engine
+            gc.collect()
     kv_read = info.kv_bytes_per_token(model.config) * (prompt_tokens + decode_tokens // 2) // ranks
     bytes_per_step = weight_bytes(model) + kv_read
     tpot = statistics.median(tpots)

@@ -32,6 +32,13 @@ def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") ->
                         help="split the model over N processes (GPUs with NCCL, CPU with gloo); "
                              "torch runner")
     add_kv_cache_dtype_arg(parser)
+    parser.add_argument("--all-reduce", choices=("auto", "nccl", "symm_mem"), default=None,
+                        help="how tensor-parallel ranks sum partial results: nccl, or symm_mem "
+                             "(one kernel reading the peers' buffers over NVLink; CUDA), or auto "
+                             "(symm_mem where every GPU can read every other's memory) (default: nccl)")
+    parser.add_argument("--time-collectives", action="store_true",
+                        help="time each rank's all-reduces and forward pass with CUDA events "
+                             "(tensor parallel; off by default: the events cost time)")
     add_threads_arg(parser)
 
 
@@ -69,10 +76,26 @@ def sampling_params(args: argparse.Namespace, stop: tuple[str, ...] = ()):
     )
 
 
+def tensor_parallel_options(args: argparse.Namespace) -> dict[str, object]:
+    """The ranks' runner options the flags name (--all-reduce, --time-collectives)."""
+    from tinyinfer.errors import TinyInferError
+
+    options: dict[str, object] = {}
+    if args.all_reduce is not None:
+        options["all_reduce"] = args.all_reduce
+    if args.time_collectives:
+        options["time_collectives"] = True
+    if options and args.tensor_parallel == 1:
+        raise TinyInferError("--all-reduce and --time-collectives apply to a model split with "
+                             "--tensor-parallel N (N > 1)")
+    return options
+
+
 def load_model(args: argparse.Namespace):
     """The model the command-line arguments name, split over processes if asked."""
     import tinyinfer
 
     return tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype,
                           quantize=args.quantize, quantize_head=args.quantize_head,
-                          tensor_parallel=args.tensor_parallel, kv_cache_dtype=args.kv_cache_dtype)
+                          tensor_parallel=args.tensor_parallel, kv_cache_dtype=args.kv_cache_dtype,
+                          **tensor_parallel_options(args))

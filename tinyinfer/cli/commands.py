@@ -4,6 +4,7 @@ simulate, quantize) register their own subcommands."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -12,7 +13,13 @@ from tinyinfer.cli import quantize as cli_quantize
 from tinyinfer.cli import serve as cli_serve
 from tinyinfer.cli import simulate as cli_simulate
 from tinyinfer.cli import chat as cli_chat
-from tinyinfer.cli.args import add_model_args, add_sampling_args, load_model, sampling_params
+from tinyinfer.cli.args import (
+    add_model_args,
+    add_sampling_args,
+    load_model,
+    sampling_params,
+    tensor_parallel_options,
+)
 from tinyinfer.cli.common import (
     Parser,
     add_alias,
@@ -161,8 +168,10 @@ def _bench_shapes(args: argparse.Namespace) -> int:
             if args.quantize or args.quantize_head:
                 raise TinyInferError("tensor parallelism shards float weights: drop --quantize or "
                                      "--tensor-parallel")
-            model, peer = bs.shape_tensor_parallel(args.preset, args.tensor_parallel, device, dtype,
-                                                   kv_cache_dtype=args.kv_cache_dtype), None
+            model = bs.shape_tensor_parallel(args.preset, args.tensor_parallel, device, dtype,
+                                             kv_cache_dtype=args.kv_cache_dtype,
+                                             **tensor_parallel_options(args))
+            peer = None
         else:
             model, peer = bs.shape_models(args.preset, device, dtype, with_peer=with_peer,
                                           quantize=args.quantize, quantize_head=args.quantize_head,
@@ -372,6 +381,12 @@ COMMANDS = {"generate": cmd_generate, "info": cmd_info, "bench": cmd_bench,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if os.environ.get("TORCHELASTIC_RUN_ID") and os.environ.get("RANK", "0") != "0":
+        # torchrun started this process as a tensor-parallel rank other than 0: it serves rank
+        # 0 (which runs the command) and does nothing of its own, not even bind a port
+        from tinyinfer.runners.tp.launch import serve_torchrun_rank
+
+        return serve_torchrun_rank()
     args = build_parser().parse_args(argv)
     try:
         _use_threads(args)

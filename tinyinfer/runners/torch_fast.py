@@ -226,10 +226,7 @@ class TorchRunner:
 
     def forward_top(self, batch: Batch, kv_cache: TorchKVCache, k: int) -> TopLogits:
         """The same forward pass, reducing logits to their top k per row on the device."""
-        logits = self._device_logits(batch, kv_cache).float()  # [R, V]
-        values, ids = torch.topk(logits, k, dim=-1)
-        lse = torch.logsumexp(logits, dim=-1)
-        return TopLogits(ids.cpu().numpy(), values.cpu().numpy(), lse.cpu().numpy())
+        return device_top(self._device_logits(batch, kv_cache), k)
 
     @torch.no_grad()
     def _device_logits(self, batch: Batch, kv_cache: TorchKVCache) -> Tensor:
@@ -374,6 +371,14 @@ def _uniform_tokens_per_seq(batch: Batch) -> int | None:
     if rest or not 1 <= q <= MAX_DECODE_TOKENS:
         return None
     return q if np.array_equal(batch.query_starts, np.arange(batch.num_seqs + 1) * q) else None
+
+
+def device_top(logits: Tensor, k: int) -> TopLogits:
+    """The top k ids and values of each row of logits [R, V], and its log-sum-exp, on the host."""
+    logits = logits.float()
+    values, ids = torch.topk(logits, k, dim=-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    return TopLogits(ids.cpu().numpy(), values.cpu().numpy(), lse.cpu().numpy())
 
 
 def _triton_decode_attention() -> Callable[..., Tensor] | None:

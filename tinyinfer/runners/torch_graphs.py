@@ -53,6 +53,14 @@ class DecodeGraphs:
         self.timers: dict[int, Any] = {}  # per size, timers the runner recorded into the graph
         self.pool = None
 
+    def release(self) -> None:
+        """Free every captured graph and its memory pool now (they are captured again if run)."""
+        for graph, _ in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+        self.timers.clear()
+        self.pool = None
+
     def padded_size(self, batch_size: int) -> int | None:
         """The smallest captured size that holds the batch, or None if none does."""
         return next((s for s in self.sizes if s >= batch_size), None)

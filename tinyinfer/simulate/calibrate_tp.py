@@ -123,10 +123,13 @@ def load_recorded(path: str | Path) -> Recorded:
     """
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
+        # a sweep is a list of rows, or (since it also times symmetric-memory all-reduces)
+        # {"sizes": rows, ...}
         sweep = tuple(AllReduceTime(int(key.removeprefix("all_reduce_tp")), int(row["bytes"]),
                                     row["graph_us"] * 1e-6)
-                      for key, rows in data.items() if re.fullmatch(r"all_reduce_tp\d+", key)
-                      and isinstance(rows, list) for row in rows)
+                      for key, value in data.items() if re.fullmatch(r"all_reduce_tp\d+", key)
+                      and isinstance(value, (list, dict))
+                      for row in (value["sizes"] if isinstance(value, dict) else value))
         runs = [_decode_run(value) for key, value in data.items()
                 if re.fullmatch(r"\w+_tp\d+", key)  # the default engine, not a variant stage
                 and isinstance(value, dict) and "tpot_p50_ms" in value

@@ -18,6 +18,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
 import numpy as np
@@ -55,17 +56,21 @@ class TensorParallelKVCache:
         return self.local.num_pages
 
 
-def serve_worker(shard: ShardRunner, conn: Connection) -> None:
-    """A worker's life: run every command rank 0 sends, until "shutdown"; answer each step's timing."""
+def serve_worker(shard: ShardRunner, conn: Connection) -> bool:
+    """A worker's life: run every command rank 0 sends, until "shutdown"; answer each step's
+    timing. True after a shutdown, False if rank 0's end closed without one (it died)."""
     caches: dict[int, TorchKVCache] = {}
     while True:
-        command: Command = conn.recv()
+        try:
+            command: Command = conn.recv()
+        except (EOFError, OSError):
+            return False
         for kv_id in command.drop:
             _release(caches.pop(kv_id, None))
         if command.kind == "shutdown":
             for cache in caches.values():
                 _release(cache)
-            return
+            return True
         if command.kind == "new_kv":
             caches[command.kv_id] = shard.new_kv_cache(*command.args)
         elif command.kind == "copy_page":
@@ -80,7 +85,9 @@ def serve_worker(shard: ShardRunner, conn: Connection) -> None:
 
 def _release(cache: TorchKVCache | None) -> None:
     """Free a cache's CUDA graphs now: NCCL cannot tear a communicator down under live graphs."""
-    if cache is not None:
+    if cache is not None and cache.graphs is not None:
+        for graphs in cache.graphs.values():  # one set per tokens per sequence
+            graphs.release()
         cache.graphs = None
 
 
@@ -91,14 +98,13 @@ class TensorParallelRunner:
     shard: ShardRunner
     conns: list[Connection]  # one pipe to each worker, rank 1 first
     workers_alive: Callable[[], bool]  # False once any worker process has died
-    on_close: Callable[[], None]  # stops the workers and tears the process groups down
+    on_close: Callable[..., None]  # (abort=) stops the workers and tears the process group down
     name: str = "torch"
     last_timings: tuple[RankTiming, ...] = ()  # per rank, the last forward step
     capture_attention: bool = False  # the shards keep no attention weights: last_attention stays empty
     last_attention: list[list[np.ndarray]] = field(default_factory=list)
     _kv_ids: Any = field(default_factory=itertools.count, repr=False)
-    _dropped: deque[int] = field(default_factory=deque, repr=False)
-    _live: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary, repr=False)
+    _dropped: deque[tuple[int, TorchKVCache]] = field(default_factory=deque, repr=False)
     _closed: bool = False
     _broken: bool = False  # a step failed part-way: the ranks may be out of step
 
@@ -113,8 +119,7 @@ class TensorParallelRunner:
 
     def describe(self) -> dict[str, Any]:
         """The shard runner's choices, plus how many ranks share the model."""
-        return {**self.shard.describe(), "tensor_parallel": self.shard.world,
-                "time_collectives": self.shard.clock.enabled}
+        return {**self.shard.describe(), "tensor_parallel": self.shard.world}
 
     # ------------------------------------------------------------------ protocol
 
@@ -122,10 +127,11 @@ class TensorParallelRunner:
         """Every rank allocates its KV heads' share of ``num_pages`` pages."""
         kv_id = next(self._kv_ids)
         self._send(Command("new_kv", kv_id, (num_pages, page_size)))
-        handle = TensorParallelKVCache(kv_id, self.shard.new_kv_cache(num_pages, page_size), page_size)
-        self._live[kv_id] = handle
-        # Workers free their shard at the next command after the engine drops this handle.
-        weakref.finalize(handle, self._dropped.append, kv_id)
+        local = self.shard.new_kv_cache(num_pages, page_size)
+        handle = TensorParallelKVCache(kv_id, local, page_size)
+        # Once the engine drops this handle, the next command frees our graphs of it (they and
+        # the cache form a reference cycle) and tells the workers to free their shards.
+        weakref.finalize(handle, self._dropped.append, (kv_id, local))
         return handle
 
     def copy_page(self, kv_cache: TensorParallelKVCache, src: int, dst: int) -> None:
@@ -147,13 +153,16 @@ class TensorParallelRunner:
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Tell the workers to stop and release the process groups; safe to call twice."""
+        """Tell the workers to stop and release the process group; safe to call twice.
+
+        Every rank frees its CUDA graphs first (they hold the communicator), then all leave the
+        group at once; after a step cut short (an error, Ctrl-C) the group is aborted instead
+        and workers that do not exit within seconds are killed."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self.close)  # the launcher registered it; nothing is left to do at exit
-        for handle in list(self._live.values()):
-            _release(handle.local)
+        self.shard.release_graphs()
         try:
             for conn in self.conns:
                 try:
@@ -161,9 +170,7 @@ class TensorParallelRunner:
                 except OSError:  # that worker has died: the others still get theirs
                     pass
         finally:
-            for conn in self.conns:
-                conn.close()
-            self.on_close()
+            self.on_close(abort=self._broken, timeout=5.0 if self._broken else 30.0)
 
     # ------------------------------------------------------------------ inside
 
@@ -193,7 +200,12 @@ class TensorParallelRunner:
                                  "above): close() this model and load it again")
         drop = []
         while self._dropped:  # popleft is atomic: a finalizer may append while we drain
-            drop.append(self._dropped.popleft())
-        command = Command(command.kind, command.kv_id, command.args, command.batch, tuple(drop))
+            kv_id, local = self._dropped.popleft()
+            _release(local)
+            drop.append(kv_id)
+        # Pickled once for all workers (what Connection.send does per call; a decode step's
+        # command takes tens of microseconds to pickle, and the last worker starts that much later)
+        data = ForkingPickler.dumps(Command(command.kind, command.kv_id, command.args, command.batch,
+                                            tuple(drop)))
         for conn in self.conns:
-            conn.send(command)
+            conn.send_bytes(data)

@@ -18,6 +18,11 @@ Every rank runs the same forward pass on its own slice of the weights:
 Biases of row-parallel layers (o, down / proj) live on rank 0 only, so the all-reduce adds
 them once. Norms and GPT-2's position table are small and replicated.
 
+The all-reduces go through NCCL (the default), or (``all_reduce="symm_mem"``, CUDA; "auto"
+where every GPU of the split can read every other's memory) through torch's symmetric memory: each rank copies its partial sum into a buffer every peer can read over
+NVLink and one kernel reads and adds them all ("one-shot"), with no NVLink multicast. Messages
+of a decode step are a few KB, where NCCL's fixed cost per call dominates.
+
 A rank's shard is itself a smaller model — H/N heads, Hkv/N KV heads, F/N intermediate size —
 so it runs on ``TorchRunner``'s weights, KV pages and attention, with the all-reduces put
 between its layers.
@@ -29,6 +34,7 @@ import dataclasses
 import inspect
 import math
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
@@ -43,11 +49,33 @@ from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
 from tinyinfer.runners import torch_layers as layers
 from tinyinfer.runners.runner import Batch, RankShare, RankTiming, RunnerInfo, TopLogits
-from tinyinfer.runners.torch_fast import TorchKVCache, TorchRunner, _Step
+from tinyinfer.runners.torch_fast import TorchKVCache, TorchRunner, _Step, device_top
+from tinyinfer.runners.torch_graphs import DecodeGraphs
 from tinyinfer.runners.torch_weights import random_weights
 from tinyinfer.weights import Bf16Array
 
 WeightArray = np.ndarray | Bf16Array | Tensor
+
+ALL_REDUCES = ("auto", "nccl", "symm_mem")
+# torch 2.13 renamed all_gather_into_tensor; older releases (2.11, ...) have only that name
+_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+SYMM_MEM_MAX_BYTES = 512 << 10  # larger messages (long prefill chunks) go through NCCL
+
+
+def pick_all_reduce(choice: str, device_type: str, gpus: list[int] | None) -> str:
+    """"nccl" or "symm_mem" for ``choice``; "auto" takes symm_mem where the ranks' GPUs (all on
+    this host: ``gpus``; None when they span hosts) can all read each other's memory, else nccl
+    (gloo on CPU). Raises TinyInferError for a choice this machine cannot run."""
+    if choice not in ALL_REDUCES:
+        raise TinyInferError(f"all_reduce must be one of {ALL_REDUCES}, got {choice!r}")
+    if choice == "symm_mem" and device_type != "cuda":
+        raise TinyInferError("all_reduce='symm_mem' reads peers' GPU memory: it needs CUDA "
+                             "(use all_reduce='nccl', or gloo's default on CPU)")
+    if choice != "auto":
+        return choice
+    peers = (device_type == "cuda" and gpus is not None and len(gpus) > 1
+             and all(torch.cuda.can_device_access_peer(a, b) for a in gpus for b in gpus if a != b))
+    return "symm_mem" if peers else "nccl"
 
 
 def check_tensor_parallel(config: ModelConfig, world: int, device_type: str, gpu_count: int) -> None:
@@ -280,27 +308,33 @@ class ShardRunner(TorchRunner):
     """One rank's slice of the model: TorchRunner on a shard config, with all-reduces between layers.
 
     ``weights`` are the whole model's (cut here), or this rank's shard already when ``presharded``.
-    ``time_collectives=False`` only counts the collectives (no CUDA events): the step's timing
-    then reports it all as compute.
+    ``time_collectives=True`` times every collective (CUDA events, recorded into the decode
+    graphs too) and the forward pass; by default they are only counted and the step's time is
+    reported as compute. ``all_reduce`` is "nccl" or "symm_mem" (see the module doc; the launcher
+    resolves "auto").
 
-    Decode steps replay CUDA graphs as on one GPU: NCCL's all-reduces are captured with the
-    layers, and every rank captures the same step at the same moment, because every rank runs
-    the same commands in the same order.
+    Decode steps replay CUDA graphs as on one GPU: the all-reduces and the logits all-gather
+    are captured with the layers, and every rank captures the same step at the same moment,
+    because every rank runs the same commands in the same order.
 
-    Its logits are this rank's vocabulary slice, [R, Vs]; ``run_step`` assembles them on rank 0.
-    Must be used after ``torch.distributed`` is initialised, by all ranks in the same order.
+    Every rank ends a step with the whole vocabulary's logits [R, V]; ``run_step`` returns
+    them (or their top k) on rank 0. Call ``connect()`` on every rank once
+    ``torch.distributed`` is initialised, then use the shards in the same order on all ranks.
     """
 
     def __init__(self, config: ModelConfig, weights: Mapping[str, WeightArray], rank: int,
                  world: int, device: str | None = None, dtype: str | None = None,
                  compile: bool | None = None, presharded: bool = False,
-                 time_collectives: bool = True, **options: Any):
+                 time_collectives: bool = False, all_reduce: str = "nccl", **options: Any):
         shard = weights if presharded else shard_weights(config, weights, rank, world)
         super().__init__(shard_config(config, world), shard, device=device, dtype=dtype,
                          compile=compile, **options)
         self.full_config = config
         self.rank, self.world = rank, world
         self.vocab = VocabShard.of(config.vocab_size, rank, world)
+        if all_reduce not in ALL_REDUCES[1:]:
+            raise TinyInferError(f"a shard's all_reduce is one of {ALL_REDUCES[1:]}, got {all_reduce!r}")
+        self.all_reduce_kind = all_reduce
         if self.cuda_graphs and time_collectives and not _graph_events_supported():
             raise TinyInferError(f"torch {torch.__version__} cannot time collectives inside CUDA "
                                  "graphs (torch.cuda.Event has no external=): upgrade torch, or "
@@ -308,12 +342,55 @@ class ShardRunner(TorchRunner):
         self.clock = _CommClock(self.device, time_collectives)
         self._eager = (layers.attention_input, mlp_after_attention, layers.final_logits)
         self._decode_fns = tuple(torch.compile(f) for f in self._eager) if self.compile else self._eager
+        self._graph_sets: weakref.WeakSet[DecodeGraphs] = weakref.WeakSet()
+        self._symm: list[Tensor] = []  # two symmetric buffers, used in turn (symm_mem)
+        self._symm_turn = 0
+        self._group_name = ""
+
+    def describe(self) -> dict[str, Any]:
+        """TorchRunner's choices, plus the all-reduce and whether collectives are timed."""
+        return {**super().describe(), "all_reduce": self.all_reduce_kind,
+                "time_collectives": self.clock.enabled}
+
+    def connect(self) -> None:
+        """Set up this rank's side of the collectives (every rank, once the group exists)."""
+        if self.all_reduce_kind != "symm_mem" or self.world == 1:
+            return
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        group = dist.group.WORLD
+        assert group is not None
+        self._group_name = group.group_name
+        # Two buffers in turn: a rank writes buffer b only after every peer entered the
+        # all-reduce that used the other one, so after each finished reading b last time.
+        numel = SYMM_MEM_MAX_BYTES // self.dtype.itemsize
+        for _ in range(2):
+            buffer = symm_mem.empty(numel, dtype=self.dtype, device=self.device)
+            symm_mem.rendezvous(buffer, self._group_name)
+            self._symm.append(buffer)
 
     @property
     def info(self) -> RunnerInfo:
         """TorchRunner's, plus how the whole model is split over the ranks."""
         return dataclasses.replace(super().info, tensor_parallel=self.world,
                                    rank_shares=rank_shares(self.full_config, self.world))
+
+    def _decode_graphs(self, batch: Batch, kv: TorchKVCache) -> DecodeGraphs | None:
+        """TorchRunner's, remembered so that ``release_graphs`` finds every one still alive."""
+        graphs = super()._decode_graphs(batch, kv)
+        if graphs is not None:
+            self._graph_sets.add(graphs)
+        return graphs
+
+    def release_graphs(self) -> None:
+        """Free every decode graph of this shard, before its communicators are torn down:
+        NCCL cannot destroy a communicator under live graphs that captured its collectives
+        (a dropped cache's graphs may wait in a reference cycle for the garbage collector)."""
+        for graphs in list(self._graph_sets):
+            graphs.release()
+        self._symm.clear()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _device_logits(self, batch: Batch, kv: TorchKVCache) -> Tensor:
         """TorchRunner's step; a replayed graph's collectives are timed by the spans it captured."""
@@ -329,9 +406,18 @@ class ShardRunner(TorchRunner):
         return logits
 
     def _all_reduce(self, x: Tensor) -> Tensor:
-        """Sum a [T, D] partial result over ranks, in place."""
-        if self.world > 1:
-            self.clock.run("all_reduce", dist.all_reduce, x)
+        """The sum of every rank's [T, D] partial result (in place through NCCL)."""
+        if self.world == 1:
+            return x
+        with self.clock.span("all_reduce"):
+            if self._symm and x.numel() * x.element_size() <= SYMM_MEM_MAX_BYTES:
+                buffer = self._symm[self._symm_turn][:x.numel()].view(x.shape)
+                self._symm_turn ^= 1
+                out = torch.empty_like(x)
+                torch.ops.symm_mem.one_shot_all_reduce_copy_out(buffer, x.contiguous(), "sum",
+                                                                self._group_name, out)
+                return out
+            dist.all_reduce(x)
         return x
 
     def _embed(self, token_ids: Tensor) -> Tensor:
@@ -342,9 +428,10 @@ class ShardRunner(TorchRunner):
         return self._all_reduce(x)
 
     def _forward_step(self, step: _Step, kv: TorchKVCache) -> Tensor:
-        """Embed, run every layer with its two all-reduces; -> float32 logits of this vocab slice [R, Vs]."""
+        """Embed, run every layer with its two all-reduces, gather the vocabulary slices;
+        -> float32 logits of the whole vocabulary [R, V], on every rank."""
         with self.clock.span("forward"):
-            return self._layers(step, kv)
+            return self._all_gather_vocab(self._layers(step, kv))
 
     def _layers(self, step: _Step, kv: TorchKVCache) -> Tensor:
         attention_input, mlp_rest, final_logits = self._eager if step.prefills else self._decode_fns
@@ -362,18 +449,29 @@ class ShardRunner(TorchRunner):
             residual = self._all_reduce(partial)  # row-parallel down -> [T, D]
         if step.logits_rows is not None:
             x, residual = x[step.logits_rows], residual[step.logits_rows]
-        logits = final_logits(x, residual, *w.final_norm, w.head, eps)  # [R, Vs]
-        if self.vocab.valid < self.vocab.rows:
-            logits[:, self.vocab.valid:] = float("-inf")  # padding rows are not tokens
-        return logits
+        return final_logits(x, residual, *w.final_norm, w.head, eps)  # [R, Vs]
+
+    def _all_gather_vocab(self, local: Tensor) -> Tensor:
+        """Every rank's vocabulary slice side by side, on every rank.  [R, Vs] -> [R, V]."""
+        if self.world == 1:
+            return local
+        rows = local.shape[0]
+        parts = local.new_empty((self.world * rows, local.shape[1]))  # rank r's slice at rows r R..
+        with self.clock.span("gather"):
+            _all_gather(parts, local.contiguous())
+        # [N, R, Vs] -> [R, N Vs]; the last slice's padding rows fall past V
+        whole = parts.view(self.world, rows, -1).permute(1, 0, 2).reshape(rows, -1)
+        return whole[:, :self.full_config.vocab_size]
 
     def run_step(self, batch: Batch, kv: TorchKVCache, top_k: int | None
                  ) -> tuple[Tensor | TopLogits | None, RankTiming]:
         """Every rank's part of one step. Rank 0 gets logits [R, V] (or their top k); others None."""
         self.clock.reset()
         t0 = time.perf_counter()
-        local = self._device_logits(batch, kv).float()  # [R, Vs]
-        result = self._gather_logits(local) if top_k is None else self._gather_top(local, top_k)
+        logits = self._device_logits(batch, kv)  # [R, V] float32
+        result: Tensor | TopLogits | None = None
+        if self.rank == 0:
+            result = logits if top_k is None else device_top(logits, top_k)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         total = time.perf_counter() - t0
@@ -381,34 +479,3 @@ class ShardRunner(TorchRunner):
         timing = RankTiming(self.rank, max(0.0, total - reduce_s - gather_s), reduce_s, gather_s,
                             len(self.clock.spans["all_reduce"]), self.clock.seconds("forward"))
         return result, timing
-
-    def _gather(self, local: Tensor) -> list[Tensor] | None:
-        """Every rank's [R, n] tensor, on rank 0 (None on the others)."""
-        if self.world == 1:
-            return [local]
-        parts = [torch.empty_like(local) for _ in range(self.world)] if self.rank == 0 else None
-        self.clock.run("gather", dist.gather, local.contiguous(), parts, dst=0)
-        return parts
-
-    def _gather_logits(self, local: Tensor) -> Tensor | None:
-        """The vocabulary slices side by side on rank 0.  [R, Vs] per rank -> [R, V]."""
-        parts = self._gather(local)
-        return None if parts is None else torch.cat(parts, dim=-1)[:, :self.full_config.vocab_size]
-
-    def _gather_top(self, local: Tensor, k: int) -> TopLogits | None:
-        """Each slice's top k and log-sum-exp, merged on rank 0 into the whole vocabulary's."""
-        values, ids = torch.topk(local, min(k, self.vocab.rows), dim=-1)  # [R, k']
-        lse = torch.logsumexp(local, dim=-1, keepdim=True)  # [R, 1]
-        # One gather of [R, 2k' + 1] float64 (exact for any token id below 2^53).
-        packed = torch.cat([values.double(), (ids + self.vocab.start).double(), lse.double()], dim=-1)
-        parts = self._gather(packed)
-        if parts is None:
-            return None
-        width = values.shape[-1]
-        all_values = torch.cat([p[:, :width] for p in parts], dim=-1)  # [R, N k']
-        all_ids = torch.cat([p[:, width:2 * width] for p in parts], dim=-1)
-        top_values, where = torch.topk(all_values, k, dim=-1)
-        top_ids = torch.gather(all_ids, -1, where).long()
-        total_lse = torch.logsumexp(torch.cat([p[:, -1:] for p in parts], dim=-1), dim=-1)  # [R]
-        return TopLogits(top_ids.cpu().numpy(), top_values.float().cpu().numpy(),
-                         total_lse.float().cpu().numpy())

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Tensor-parallel scaling on a 4-GPU host, in one call: stages of tp_gpu_check.py, two at a
+# time where they use disjoint GPUs (CUDA_VISIBLE_DEVICES), each under a time limit.
+#   bash scripts/tp_scaling.sh OUT_DIR explore   # variants, profiles, correctness, all-reduce sweeps
+#   bash scripts/tp_scaling.sh OUT_DIR final     # TP=1/2/4 through the CLI, and gpt-fast beside it
+# Needs tinyinfer's dependencies importable (and, for gpt-fast, GPT_FAST=a checkout; for the
+# gqa stages, transformers with its own regex: don't shadow it with an older regex wheel).
+# Results: OUT_DIR/summary.json (every group's tp_gpu_check.json, by group), OUT_DIR/logs.txt and
+# the profiles' kernel tables (the device machine returns only a few files).
+out=${1:?usage: tp_scaling.sh OUT_DIR explore|final}
+mode=${2:?usage: tp_scaling.sh OUT_DIR explore|final}
+here=$(cd "$(dirname "$0")" && pwd)
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+start=$SECONDS
+work=$(mktemp -d)
+
+# group GPUS LIMIT STAGE...: the stages one after another on those GPUs, output in OUT/<first stage>
+group() {
+  local gpus=$1 limit=$2; shift 2
+  local dir="$work/$1"
+  mkdir -p "$dir"
+  CUDA_VISIBLE_DEVICES=$gpus timeout -s ABRT "$limit" \
+    python3 "$here/tp_gpu_check.py" --out "$dir" "$@" > "$dir/log.txt" 2>&1
+  echo "=== $* on GPUs $gpus: exit $? at $((SECONDS - start)) s"
+  collect
+}
+
+# Gather every group's results into OUT now (the call may end at its time limit at any point).
+collect() {
+python3 - "$work" "$out" > "$out/table.txt" <<'EOF'
+import json, shutil, sys
+from pathlib import Path
+work, out = Path(sys.argv[1]), Path(sys.argv[2])
+summary, logs = {}, []
+for group in sorted(work.iterdir()):
+    for f in sorted(group.iterdir()):
+        if f.name == "tp_gpu_check.json":
+            try:
+                summary[group.name] = json.loads(f.read_text())
+            except ValueError:  # being written by a stage that runs beside
+                continue
+        elif f.name.startswith("profile"):
+            shutil.copy(f, out / f.name)
+        elif f.suffix in (".txt", ".log"):
+            logs.append(f"===== {group.name}/{f.name}\n{f.read_text()[-20000:]}")
+(out / "summary.json").write_text(json.dumps(summary, indent=2))
+(out / "logs.txt").write_text("\n".join(logs))
+for group, data in summary.items():
+    for name, value in data.items():
+        if not isinstance(value, dict):
+            continue
+        if "error" in value:
+            print(name, "ERROR", value["error"][-600:])
+            continue
+        lat = value.get("latency", value)
+        peer = value.get("peer")
+        if peer:
+            print(name, f"{peer['tok_s']:.1f} tok/s (gpt-fast, prefill included) compile {peer['compile_s']:.0f} s")
+        if "decode_tokens_per_s" in lat:
+            print(name, f"{lat['decode_tokens_per_s']:.1f} tok/s TTFT {lat['ttft_ms']:.1f} ms",
+                  {k: value[k] for k in ("exit_after_output_s", "returncode", "leaked_semaphores", "fatal", "traceback") if k in value})
+        for key in ("batch32", "profile"):
+            if key in value:
+                v = value[key]
+                print(" ", key, {k: v[k] for k in v if not k.startswith("top")})
+        if "sizes" in value:
+            print(name, value["after_matmul_8kb"], [(r["bytes"], round(r["graph_us"], 1), round(r.get("one_shot_graph_us", 0), 1), round(r.get("two_shot_graph_us", 0), 1), r.get("one_shot_rel_err")) for r in value["sizes"]])
+        if "greedy_tokens_identical" in value:
+            print(name, {k: value[k] for k in ("prompt_logits_rel_err", "greedy_tokens_identical", "decode_logprob_max_abs_diff")})
+EOF
+[ $? = 0 ] || echo "collect failed" >&2
+}
+
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+nvidia-smi topo -m 2>/dev/null | head -6
+if [ "$mode" = explore ]; then
+  group 0 100 8b_tp1_nccl_profile & group 2,3 100 8b_tp2_symm_mem_profile & wait
+  group 0,1 90 8b_tp2_nccl & group 2,3 90 cli_tp2_symm_mem & wait
+  group 0,1,2,3 90 8b_tp4_symm_mem_batch32
+  group 0,1,2,3 60 gqa_tp4_symm_mem_float32 all_reduce_tp4_small all_reduce_tp2_small all_reduce_tp4_LL
+  group 0,1,2,3 60 8b_tp4_nccl
+else
+  # ours first (the CLI as users run it: defaults, exit time), then gpt-fast, whose compile
+  # takes 100-200 s a size; about 600 s in all
+  group 0 60 cli_tp1 & group 2,3 60 bundled_tp2_symm_mem & wait
+  group 0,1 70 cli_tp2
+  group 0,1,2,3 80 8b_tp4_batch32
+  group 0,1,2,3 200 gpt_fast_tp4
+  group 0,1 170 gpt_fast_tp2
+  group 0 120 gpt_fast_tp1
+fi
+echo "=== done in $((SECONDS - start)) s"
+cat "$out/table.txt"

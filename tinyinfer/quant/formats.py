@@ -280,9 +280,10 @@ def dequantize(qw: QuantizedWeight) -> np.ndarray:
     """Back to float32: (code - zero) * scale, or code * scale + minimum.  -> [out, in].
 
     Each step is one pass over the weight: integer codes minus their zero point, a conversion, a
-    multiply by each group's scale, and with a minimum an add. The result is exact in float32 (a
-    <= 9-bit integer times an 11-bit float16 mantissa), so it is also code * scale + offset as
-    `stored_codes` and `group_offsets` give it.
+    multiply by each group's scale, and with a minimum an add. (code - zero) * scale is exact in
+    float32 (a <= 9-bit integer times an 11-bit float16 mantissa), and so equals code * scale +
+    offset as `stored_codes` and `group_offsets` give it; with a minimum, that sum is the one
+    rounding.
     """
     n, g = qw.in_features, qw.group_size
     if qw.config.bits == 8:

@@ -3,6 +3,7 @@ definition, dequantize then multiply; the definition itself; and what the runner
 
 from __future__ import annotations
 
+import dataclasses
 import tracemalloc
 
 import numpy as np
@@ -88,6 +89,17 @@ def test_dequantize_is_code_times_scale_plus_offset_bit_for_bit(fmt, shape):
     got = dequantize(qw)
     assert got.dtype == np.float32 and got.flags.c_contiguous
     np.testing.assert_array_equal(got.view(np.uint32), definition.view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4-g32", "int4-g32-asym", "int4-g64-min"])
+def test_codes_stored_in_any_memory_layout(fmt):
+    """Checkpoints can hand over codes as transposed or strided views (GPT-2's Conv1D weights)."""
+    qw = random_weight((12, 64), fmt, seed=5)
+    strided = dataclasses.replace(qw, data=np.asfortranarray(qw.data))
+    assert not strided.data.flags.c_contiguous
+    np.testing.assert_array_equal(dequantize(strided), dequantize(qw))
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    np.testing.assert_array_equal(quantized_matmul(x, strided), quantized_matmul(x, qw))
 
 
 def decode(runner: NumpyRunner, steps: int) -> list[np.ndarray]:

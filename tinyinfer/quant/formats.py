@@ -169,7 +169,7 @@ def unpack_int4(packed: np.ndarray, n: int) -> np.ndarray:
     byte is the high nibble, so the words read as bytes are the codes in column order: a few
     whole-array operations, where writing every other column would be a slow strided copy.
     """
-    v = packed.astype("<u2")
+    v = packed.astype("<u2", order="C")  # C order whatever the stored layout, for the view below
     words = (v | (v << 4)) & 0x0F0F  # nibble bits 0..3 stay, bits 4..7 move to 8..11
     return words.view(np.uint8).reshape(*packed.shape[:-1], -1)[..., :n]
 

@@ -86,7 +86,7 @@ def quantized_matmul(x: np.ndarray, qw: QuantizedWeight) -> np.ndarray:
     if qw.config.bits == 4 and qw.config.symmetric:
         codes = (codes - 8).view(np.int8)  # nibble - 8, wrapped into a signed byte
     width = groups * g  # a ragged last group is padded with zeros
-    codes = _padded(codes, width).astype(x.dtype)  # the one pass over the weight
+    codes = _padded(codes, width).astype(x.dtype, order="C")  # the one pass over the weight
     xs = _padded(x, width).reshape(len(x), groups, g)
     partial = xs.transpose(1, 0, 2) @ codes.reshape(-1, groups, g).transpose(1, 2, 0)  # [G, T, out]
     y = (partial * qw.scales.astype(x.dtype).T[:, None, :]).sum(axis=0)

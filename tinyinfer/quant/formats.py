@@ -187,9 +187,15 @@ def pack_int4(codes: np.ndarray) -> np.ndarray:
 
 
 def unpack_int4(packed: np.ndarray, n: int) -> np.ndarray:
-    """Undo pack_int4.  uint8 [..., ceil(n / 2)] -> uint8 [..., n] in 0..15."""
-    pairs = np.stack([packed & 0x0F, packed >> 4], axis=-1)  # [..., ceil(n/2), 2]
-    return pairs.reshape(*packed.shape[:-1], -1)[..., :n]
+    """Undo pack_int4.  uint8 [..., ceil(n / 2)] -> uint8 [..., n] in 0..15.
+
+    Each byte becomes a little-endian 16-bit word whose low byte is the low nibble and whose high
+    byte is the high nibble, so the words read as bytes are the codes in column order: a few
+    whole-array operations, where writing every other column would be a slow strided copy.
+    """
+    v = packed.astype("<u2", order="C")  # C order whatever the stored layout, for the view below
+    words = (v | (v << 4)) & 0x0F0F  # nibble bits 0..3 stay, bits 4..7 move to 8..11
+    return words.view(np.uint8).reshape(*packed.shape[:-1], -1)[..., :n]
 
 
 def _float16_scale(scale: np.ndarray) -> np.ndarray:
@@ -287,34 +293,64 @@ def group_offsets(qw: QuantizedWeight) -> np.ndarray:
     minus the zero point's worth of scales, or the stored minimum."""
     if qw.mins is not None:
         return qw.mins.astype(np.float32)
-    _, zeros = codes_and_zeros(qw)
-    return -zeros.astype(np.float32) * qw.scales.astype(np.float32)
+    return -_zero_points(qw).astype(np.float32) * qw.scales.astype(np.float32)
+
+
+def _zero_points(qw: QuantizedWeight) -> np.ndarray:
+    """Each group's integer zero point, int32 [out, groups]: 0 for int8, 8 for symmetric int4."""
+    if qw.config.minimum:
+        raise QuantizationError(f"{qw.config.name} stores a float minimum per group, not an integer "
+                                "zero point: use stored_codes and group_offsets")
+    shape = (qw.shape[0], qw.num_groups)
+    if qw.config.bits == 8:
+        return np.zeros(shape, np.int32)
+    if qw.zeros is None:
+        return np.full(shape, 8, np.int32)
+    return unpack_int4(qw.zeros, qw.num_groups).astype(np.int32)
 
 
 def codes_and_zeros(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray]:
     """Stored codes [out, in] and zero points [out, groups], so that weight = (code - zero) * scale."""
-    if qw.config.minimum:
-        raise QuantizationError(f"{qw.config.name} stores a float minimum per group, not an integer "
-                                "zero point: use stored_codes and group_offsets")
-    out, n = qw.shape
-    if qw.config.bits == 8:
-        return qw.data.astype(np.int32), np.zeros((out, qw.num_groups), np.int32)
-    codes = unpack_int4(qw.data, n).astype(np.int32)
-    if qw.zeros is None:
-        return codes, np.full((out, qw.num_groups), 8, np.int32)
-    return codes, unpack_int4(qw.zeros, qw.num_groups).astype(np.int32)
+    zeros = _zero_points(qw)  # refuses the minimum formats first
+    return stored_codes(qw), zeros
 
 
 def dequantize(qw: QuantizedWeight) -> np.ndarray:
-    """Back to float32: code * scale + offset, each group with its own scale.  -> [out, in].
+    """Back to float32: (code - zero) * scale, or code * scale + minimum.  -> [out, in].
 
-    With a zero point this is exactly (code - zero) * scale in float32: both products are exact
-    (a 9-bit integer times an 11-bit float16 mantissa) and so is their sum, itself such a product.
+    Each step is one pass over the weight: integer codes minus their zero point, a conversion, a
+    multiply by each group's scale, and with a minimum an add. (code - zero) * scale is exact in
+    float32 (a <= 9-bit integer times an 11-bit float16 mantissa), and so equals code * scale +
+    offset as `stored_codes` and `group_offsets` give it; with a minimum, that sum is the one
+    rounding.
     """
     n, g = qw.in_features, qw.group_size
-    s = _per_element(qw.scales.astype(np.float32), g, n)
-    o = _per_element(group_offsets(qw), g, n)
-    return stored_codes(qw).astype(np.float32) * s + o
+    if qw.config.bits == 8:
+        codes = qw.data
+    else:
+        codes = unpack_int4(qw.data, n)  # uint8 0..15
+        if not qw.config.minimum:  # subtract the zero point in integers, wrapping into int8
+            zeros = np.uint8(8) if qw.zeros is None else unpack_int4(qw.zeros, qw.num_groups)
+            codes = _per_group(np.subtract, codes, zeros, g).view(np.int8)
+    w = codes.astype(np.float32, order="C")  # a new array: the steps below work in place
+    _per_group(np.multiply, w, qw.scales.astype(np.float32), g)
+    if qw.mins is not None:
+        _per_group(np.add, w, qw.mins.astype(np.float32), g)
+    return w
+
+
+def _per_group(op: np.ufunc, a: np.ndarray, per_group: np.ndarray | np.uint8, group_size: int) -> np.ndarray:
+    """a[:, i] = op(a[:, i], per_group[:, i // group_size]) in place, without repeating per_group
+    over the inputs: whole groups as an [out, groups, group_size] view, then a ragged last group."""
+    if np.ndim(per_group) == 0:
+        return op(a, per_group, out=a)
+    rows, n = a.shape
+    whole = n // group_size
+    body = a[:, :whole * group_size].reshape(rows, whole, group_size)
+    op(body, per_group[:, :whole, None], out=body)
+    if whole < per_group.shape[1]:
+        op(a[:, whole * group_size:], per_group[:, whole:], out=a[:, whole * group_size:])
+    return a
 
 
 def concat_out(parts: list[QuantizedWeight]) -> QuantizedWeight:

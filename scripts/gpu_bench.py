@@ -31,6 +31,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_check import median_ms  # noqa: E402
+
 from tinyinfer.bench import shapes as bs
 from tinyinfer.bench.measure import measure_copy_bandwidth
 from tinyinfer.bench import workloads as bench
@@ -101,15 +105,7 @@ def cuda_ms(fn: Callable[[], Any], repeats: int) -> float:
     """Median milliseconds of fn() by CUDA events, after two warm-up calls."""
     for _ in range(2):
         fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return median_ms(fn, repeats, torch.device("cuda"))
 
 
 def kv_cache(results: dict, args: argparse.Namespace) -> None:

@@ -380,7 +380,9 @@ class Engine:
         entries, rows, row = [], [], 0
         for c in chunks:
             draft = drafts.get(c.seq.seq_id)
-            tokens = c.seq.all_ids[c.start:c.end] + list(draft.tokens if draft else ())
+            tokens = c.seq.all_ids[c.start:c.end]  # a new list
+            if draft is not None:
+                tokens += draft.tokens
             entries.append((tokens, c.start, self.pool.page_table(c.seq.seq_id), draft is not None))
             n_rows = len(tokens) if draft else 1
             rows.append(slice(row, row + n_rows))
@@ -506,7 +508,7 @@ class Engine:
         else:
             piece = request.decoder.push(token_id)
         request.text += piece
-        cut = find_stop(request.text, params.stop)
+        cut = find_stop(request.text, params.stop) if params.stop else None
         if cut is not None:
             request.text = request.text[:cut]
         return piece, cut is not None
@@ -543,7 +545,11 @@ class Engine:
             rest_logsumexp=rest_lse, attention=attention)
 
     def _candidates(self, choice: TokenChoice) -> tuple[Candidate, ...]:
-        tokenizer = self.model.tokenizer if self.detail != "none" and self.model.has_tokenizer else None
+        """The ranked alternatives a UI shows beside the token; none at detail "none" (serving and
+        benchmarks read a request's choices, not the trace's)."""
+        if self.detail == "none":
+            return ()
+        tokenizer = self.model.tokenizer if self.model.has_tokenizer else None
         def text(token_id: int) -> str:
             if tokenizer is None:
                 return ""

@@ -149,14 +149,15 @@ class Scheduler:
     def _make_room(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
         """Ensure seq's pages cover num_tokens, preempting the newest sequences if needed."""
         needed = self.pool.pages_needed(seq.seq_id, num_tokens)  # most decode steps: 0
+        if not needed:
+            return True
         while not self.pool.can_allocate(needed):
             victim = self.running[-1]
             self.preempt(victim)
             out.preempted.append(victim)
             if victim is seq:
                 return False
-        if needed:
-            out.pages_allocated += self.pool.ensure_capacity(seq.seq_id, num_tokens)
+        out.pages_allocated += self.pool.ensure_capacity(seq.seq_id, num_tokens)
         return True
 
     def _admit(self, budget: int, out: SchedulerOutput) -> int:

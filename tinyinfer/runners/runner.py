@@ -69,9 +69,12 @@ def make_batch(
         for pos in range(start, start + n):
             positions.append(pos)
             slots.append(table[pos // page_size] * page_size + pos % page_size)
-        starts.append(len(token_ids))
+        starts.append(first_row + n)
         context_lens.append(start + n)
-        logits_rows.extend(range(first_row, first_row + n) if all_logits else [first_row + n - 1])
+        if all_logits:
+            logits_rows.extend(range(first_row, first_row + n))
+        else:
+            logits_rows.append(first_row + n - 1)
     as_i64 = lambda xs: np.asarray(xs, dtype=np.int64)  # noqa: E731
     return Batch(
         token_ids=as_i64(token_ids),

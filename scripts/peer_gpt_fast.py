@@ -99,20 +99,6 @@ def _int4_pack_for_this_torch(gf_quant):
     return prepare
 
 
-def streamed_bytes(model) -> int:
-    """What gpt-fast counts as the model size: every parameter and buffer outside the embedding
-    (its KV cache buffers excluded here; the caller builds them after)."""
-    import torch
-
-    total = 0
-    for name, child in model.named_children():
-        if not isinstance(child, torch.nn.Embedding):
-            total += sum(t.numel() * t.element_size() for t in child.parameters())
-            total += sum(t.numel() * t.element_size() for n, t in child.named_buffers()
-                         if "kv_cache" not in n and "freqs_cis" not in n and "causal_mask" not in n)
-    return total
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpt-fast", required=True, type=Path, help="a gpt-fast checkout")
@@ -137,7 +123,9 @@ def main() -> None:
     torch.cuda.set_device(rank or 0)
     world = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if rank is not None else 1
     model = build(args, rank)
-    size = streamed_bytes(model)
+    # gpt-fast's own count of a step's bytes (every parameter and buffer outside the embedding),
+    # taken before generate() adds its KV cache
+    size, _ = gf._get_model_size(model)
     gf.decode_one_token = torch.compile(gf.decode_one_token, mode="reduce-overhead", fullgraph=True)
     prompt = torch.randint(0, 1024, (args.prompt_tokens,), device="cuda", dtype=torch.int64)
 

@@ -209,6 +209,8 @@ def test_the_engine_reaches_every_plug_point():
         tinyinfer.Engine(model).generate([prompt, prompt], sampled)  # the second hits the cache
         drafter = DraftModelDrafter(tinyinfer.load("bundled-draft"))
         tinyinfer.Engine(model, drafter=drafter).generate(prompt, sampled)
+        greedy = tinyinfer.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+        tinyinfer.Engine(model, drafter=drafter).generate(prompt, greedy)
     assert {p: calls[p] for p in points if not calls[p]} == {}
     with pytest.raises(LessonError, match="not a plug point"):  # a name the engine never calls
         with plugged(kv, "hash_pages", len):

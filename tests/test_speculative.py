@@ -45,6 +45,50 @@ def test_greedy_speculative_equals_plain_greedy(pair, drafter_kind):
     engine.pool.check()
 
 
+def counting(monkeypatch, runner, calls: dict[str, int]) -> None:
+    """Count the real runner's forward and forward_top calls (they still compute)."""
+    for name in ("forward", "forward_top"):
+        method = getattr(runner, name)
+
+        def counted(*args, _method=method, _name=name):
+            calls[_name] += 1
+            return _method(*args)
+        monkeypatch.setattr(runner, name, counted)
+
+
+@pytest.mark.parametrize("drafter_kind", ["draft", "lookup"])
+def test_greedy_verification_from_top_logits_equals_full_rows(pair, drafter_kind, monkeypatch):
+    """A plainly greedy speculative step verifies (and drafts) from argmaxes reduced by the
+    runner; with full logits rows (detail="full") every step drafts, keeps and emits the same."""
+    target, draft = pair
+    params = tinyinfer.SamplingParams(temperature=0, max_tokens=24)
+    prompts = repetitive_prompts(5)
+
+    def run(detail: str) -> tuple[list, list, dict, dict]:
+        target_calls, draft_calls = {"forward": 0, "forward_top": 0}, {"forward": 0, "forward_top": 0}
+        with monkeypatch.context() as m:
+            counting(m, target.runner, target_calls)
+            counting(m, draft.runner, draft_calls)
+            drafter = DraftModelDrafter(draft) if drafter_kind == "draft" else PromptLookupDrafter()
+            engine = tinyinfer.Engine(target, drafter=drafter, num_draft=4, detail=detail)
+            ids = [engine.add_request(p, params) for p in prompts]
+            steps = []
+            while engine.has_unfinished():
+                trace = engine.step()
+                steps.append([(s.seq_id, s.draft_tokens, s.accepted, s.emitted, s.token_id) for s in trace.seqs])
+            return [engine.release(i).token_ids for i in ids], steps, target_calls, draft_calls
+
+    top_ids, top_steps, top_target, top_draft = run("none")
+    full_ids, full_steps, full_target, full_draft = run("full")
+    assert top_ids == full_ids and top_steps == full_steps
+    assert any(s[2] > 0 for step in top_steps for s in step)  # some guesses were kept
+    # (the NumPy runner's forward_top calls its forward, so only forward_top is told apart)
+    assert top_target["forward_top"] == len(top_steps)
+    assert full_target["forward_top"] == 0 and full_target["forward"] == len(full_steps)
+    if drafter_kind == "draft":  # the draft model's argmaxes never need full rows
+        assert top_draft["forward_top"] > 0 and top_draft == full_draft
+
+
 def test_rejections_leak_no_pages(pair):
     target, draft = pair
     engine = tinyinfer.Engine(target, drafter=DraftModelDrafter(draft), num_draft=5, page_size=4,

@@ -51,7 +51,9 @@ from tinyinfer.speculative import (
     Drafter,
     DraftModelDrafter,
     SpeculativeStats,
+    Verification,
     verify,
+    verify_greedy,
 )
 from tinyinfer.tokenizer import IncrementalDecoder
 from tinyinfer.trace import Candidate, PoolView, RequestStart, SeqStep, StepTrace
@@ -59,7 +61,9 @@ from tinyinfer.trace import Candidate, PoolView, RequestStart, SeqStep, StepTrac
 # Plug points: functions this module calls by their global name, so that the course can put a
 # student's version in their place (lessons/support.py: plugged). tests/test_lessons.py checks
 # that the engine still reaches every one.
-PLUG_POINTS = ("verify",)  # speculative.verify, as the engine calls it
+# speculative.verify (full logits rows) and verify_greedy (plainly greedy steps, argmaxes
+# reduced on the device), as the engine calls them
+PLUG_POINTS = ("verify", "verify_greedy")
 
 TOP_LOGITS = 64
 # Temperatures at which a full-detail trace sums the logits outside the top ones, so a UI can
@@ -248,21 +252,30 @@ class Engine:
         t1 = time.perf_counter()
         drafts = self._draft(out.chunks)
         t2 = time.perf_counter()
-        if not drafts and self._greedy_only(out.chunks):
-            greedy = self._greedy_step(out.chunks)
-            if greedy is not None:
-                steps, freed, t3 = greedy
-                return self._finish_step(out, steps, freed, t0, t1, t2, t3)
-        logits, rows = self._forward(out.chunks, drafts)
-        t3 = time.perf_counter()
+        greedy = self._greedy_step(out.chunks, drafts) if self._greedy_only(out.chunks) else None
+        steps, freed, t3 = greedy if greedy is not None else self._full_step(out.chunks, drafts)
         if drafts:
             self.spec_stats.draft_seconds += t2 - t1
             self.spec_stats.verify_seconds += t3 - t2
+        trace = self._finish_step(out, steps, freed, t0, t1, t2, t3)
+        if drafts:
+            self.spec_stats.step_seconds += time.perf_counter() - t0
+        return trace
+
+    def _full_step(self, chunks: list[Chunk],
+                   drafts: dict[int, Draft]) -> tuple[list[SeqStep], list[int], float]:
+        """Forward with full logits rows [R, V] on the host: sampling, penalties, detail="full"."""
+        logits, rows = self._forward(chunks, drafts)
+        t3 = time.perf_counter()
+        eos = self.model.eos_token_ids
         steps, freed = [], []
-        for chunk, rows_of_chunk in zip(out.chunks, rows):
+        for chunk, rows_of_chunk in zip(chunks, rows):
             draft = drafts.get(chunk.seq.seq_id)
             if draft is not None:
-                seq_step, pages, last = self._advance_speculative(chunk, draft, logits[rows_of_chunk])
+                chunk_logits = logits[rows_of_chunk]
+                seq_step, pages, last = self._advance_speculative(
+                    chunk, draft, lambda: verify(chunk_logits, draft, chunk.seq,
+                                                 eos_token_id=eos[0] if eos else None))
             else:
                 last = rows_of_chunk.stop - 1
                 seq_step, pages = self._advance(chunk, self._sampler(chunk.seq, logits[last]))
@@ -271,10 +284,7 @@ class Engine:
                 seq_step = self._with_detail(seq_step, len(steps), logits[row])
             steps.append(seq_step)
             freed += pages
-        trace = self._finish_step(out, steps, freed, t0, t1, t2, t3)
-        if drafts:
-            self.spec_stats.step_seconds += time.perf_counter() - t0
-        return trace
+        return steps, freed, t3
 
     def _finish_step(self, out: SchedulerOutput, steps: list[SeqStep], freed: list[int],
                      t0: float, t1: float, t2: float, t3: float) -> StepTrace:
@@ -333,25 +343,37 @@ class Engine:
                 and all(is_plain_greedy(c.seq.params, len(c.seq.output_ids), TOP_FOR_GREEDY)
                         for c in chunks))
 
-    def _greedy_step(self, chunks: list[Chunk]) -> tuple[list[SeqStep], list[int], float] | None:
-        """Forward with top-k logits only (no [R, V] transfer), then pick each argmax.
+    def _greedy_step(self, chunks: list[Chunk],
+                     drafts: dict[int, Draft]) -> tuple[list[SeqStep], list[int], float] | None:
+        """Forward with top-k logits only (no [R, V] transfer), then pick each argmax; a drafted
+        sequence keeps its guesses while they equal those argmaxes (``verify_greedy``).
 
         None when the runner refused a row of invalid logits while reducing them: the step then
         runs again with full rows (writing the same K/V), which sorts the bad rows out one by one.
         """
-        batch, _ = self._pack(chunks, {})
+        batch, rows = self._pack(chunks, drafts)
         try:
             top = self.model.runner.forward_top(batch, self.kv_cache, TOP_FOR_GREEDY)
         except InvalidLogitsError:
             return None
         t3 = time.perf_counter()
-        valid = np.isfinite(top.logsumexp)  # [R]; NaN or +inf anywhere in a row, or all -inf
+        valid = np.isfinite(top.logsumexp).tolist()  # [R]; NaN or +inf anywhere in a row, or all -inf
+        row_params = [c.seq.params for c, r in zip(chunks, rows) for _ in range(r.stop - r.start)]
         with np.errstate(invalid="ignore"):
-            choices = greedy_choices_from_top(top.ids, top.values, top.logsumexp,
-                                              [c.seq.params for c in chunks])
+            choices = greedy_choices_from_top(top.ids, top.values, top.logsumexp, row_params)
+
+        def choice_at(row: int) -> TokenChoice:
+            return choices[row] if valid[row] else _invalid_row()
+
         steps, freed = [], []
-        for chunk, choice, ok in zip(chunks, choices, valid):
-            seq_step, pages = self._advance(chunk, (lambda choice=choice: choice) if ok else _invalid_row)
+        for chunk, r in zip(chunks, rows):
+            draft = drafts.get(chunk.seq.seq_id)
+            if draft is not None:
+                seq_step, pages, _ = self._advance_speculative(
+                    chunk, draft, lambda r=r, draft=draft: verify_greedy(
+                        lambda i: choice_at(r.start + i), draft))
+            else:
+                seq_step, pages = self._advance(chunk, lambda r=r: choice_at(r.stop - 1))
             steps.append(seq_step)
             freed += pages
         return steps, freed, t3
@@ -428,16 +450,16 @@ class Engine:
                        finish_reason=reason), pages
 
     def _advance_speculative(self, chunk: Chunk, draft: Draft,
-                             logits: np.ndarray) -> tuple[SeqStep, list[int], int]:
-        """Verify a draft with the target's logits [k + 1, V], emit 1..k+1 tokens, roll back the rest."""
+                             check: Callable[[], Verification]) -> tuple[SeqStep, list[int], int]:
+        """Verify a draft (``check`` applies the acceptance rule to the target's k + 1 rows),
+        emit 1..k+1 tokens, roll back the rest."""
         seq = chunk.seq
         base = self._base_step(chunk)
-        eos = self.model.eos_token_ids
         try:
-            result = verify(logits, draft, seq, eos_token_id=eos[0] if eos else None)
+            result = check()
         except InvalidLogitsError as exc:
             seq_step, pages = self._fail(seq, base, exc)
-            return seq_step, pages, len(logits) - 1
+            return seq_step, pages, len(draft.tokens)
         text, reason, emitted = "", None, []
         for choice in result.choices:
             piece, reason = self._accept(seq, choice)
@@ -655,6 +677,8 @@ class DraftRun:
         tokens: dict[int, list[int]] = {i: [] for i in active}
         probs: dict[int, list[np.ndarray]] = {i: [] for i in active}
         rounds = max((ks[i] for i in active), default=0)
+        # Plainly greedy sequences need only each round's argmax, and their verification no q.
+        greedy = all(is_plain_greedy(seqs[i].params, len(seqs[i].output_ids), 1) for i in active)
         for _ in range(rounds):
             live = [i for i in active if len(tokens[i]) < ks[i]]
             if not live:
@@ -671,12 +695,19 @@ class DraftRun:
                 rows += len(history) - start if every_row else 1
                 last_rows.append(rows - 1)
                 self.computed[seq.seq_id] = len(history)
-            logits = self.runner.forward(make_batch(feeds, self.pool.page_size), self.kv_cache)
+            batch = make_batch(feeds, self.pool.page_size)
+            if greedy:
+                # The draft's argmax reduced on the device: no [R, V] logits cross to the host.
+                top_ids = self.runner.forward_top(batch, self.kv_cache, 1).ids[:, 0].tolist()
+                for row, i in zip(last_rows, live):
+                    tokens[i].append(self.drafter.guess_greedy(seqs[i], tokens[i], top_ids[row]))
+                continue
+            logits = self.runner.forward(batch, self.kv_cache)
             for row, i in zip(last_rows, live):
                 token, q = self.drafter.guess(seqs[i], tokens[i], logits[row])
                 tokens[i].append(token)
                 probs[i].append(q)
-        return [Draft(tuple(tokens[i]), tuple(probs[i])) if i in tokens else Draft(())
+        return [Draft(tuple(tokens[i]), None if greedy else tuple(probs[i])) if i in tokens else Draft(())
                 for i in range(len(seqs))]
 
     def _reserve(self, seq: Sequence, k: int) -> bool:

@@ -16,6 +16,7 @@ one target forward.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 from typing import Sequence as Seq
 
 import numpy as np
@@ -73,7 +74,8 @@ class DraftModelDrafter:
     """Guess with a small model that shares the target's tokenizer.
 
     The engine runs the draft model (on its own KV pages) one round per guess, batched over
-    sequences, and asks ``guess`` to turn each round's logits into the next guessed token.
+    sequences, and asks ``guess`` to turn each round's logits into the next guessed token (or
+    ``guess_greedy`` its argmax, when every sequence of the round decodes plainly greedy).
     """
 
     name = "draft"
@@ -87,6 +89,12 @@ class DraftModelDrafter:
         q = processed_probs(logits, seq.params, seq.prompt_ids, seq.output_ids + guesses)
         token = int(np.argmax(q)) if seq.params.greedy else sample_from_probs(q, seq.rng)
         return token, q
+
+    def guess_greedy(self, seq: Sequence, guesses: list[int], top_id: int) -> int:
+        """The next guess for a sequence that decodes plainly greedy (no penalties, no masks):
+        the draft's argmax ``top_id``, reduced on the device, so no logits row reaches the host.
+        Verification of such a sequence needs no q either."""
+        return top_id
 
 
 # What the engine accepts as a drafter: n-gram lookup, or a draft model it runs.
@@ -107,15 +115,7 @@ def verify(logits: np.ndarray, draft: Draft, seq: Sequence,
     params, result = seq.params, Verification()
     history = list(seq.output_ids)
     if is_plain_greedy(params, len(history), MAX_LOGPROBS):
-        # Greedy: keep guesses while they equal the target's argmax (no distributions needed).
-        for i, d in enumerate(draft.tokens):
-            choice = greedy_choice(logits[i], params)
-            result.choices.append(choice)
-            if choice.token_id != d:
-                return result
-            result.accepted += 1
-        result.choices.append(greedy_choice(logits[len(draft.tokens)], params))
-        return result
+        return verify_greedy(lambda i: greedy_choice(logits[i], params), draft)
     for i, d in enumerate(draft.tokens):
         p = processed_probs(logits[i], params, seq.prompt_ids, history, eos_token_id=eos_token_id)
         q = _draft_probs(draft, i, p.size)
@@ -134,6 +134,22 @@ def verify(logits: np.ndarray, draft: Draft, seq: Sequence,
     p = processed_probs(logits[last], params, seq.prompt_ids, history, eos_token_id=eos_token_id)
     token = int(np.argmax(p)) if params.greedy else sample_from_probs(p, seq.rng)
     result.choices.append(describe_choice(logits[last], p, token, params))
+    return result
+
+
+def verify_greedy(choice_at: Callable[[int], TokenChoice], draft: Draft) -> Verification:
+    """The acceptance rule for plain greedy decoding: keep guesses while each equals the
+    target's own greedy choice at its position (``choice_at(i)``, for row i of the k + 1
+    verified rows), then emit the target's choice where they first differ, or after the last.
+    No distributions are needed, so the rows may come reduced to their top logits."""
+    result = Verification()
+    for i, d in enumerate(draft.tokens):
+        choice = choice_at(i)
+        result.choices.append(choice)
+        if choice.token_id != d:
+            return result
+        result.accepted += 1
+    result.choices.append(choice_at(len(draft.tokens)))
     return result
 
 

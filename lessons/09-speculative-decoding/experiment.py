@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Callable
 
 import numpy as np
 
@@ -23,7 +25,7 @@ from lessons.support import (
 )
 from tinyinfer import engine as engine_module
 from tinyinfer.model import Model
-from tinyinfer.sampling import SamplingParams, describe_choice, processed_probs
+from tinyinfer.sampling import SamplingParams, TokenChoice, describe_choice, processed_probs
 from tinyinfer.scheduler import Sequence
 from tinyinfer.speculative import (
     Draft,
@@ -50,6 +52,19 @@ def students_verify(impl: ModuleType):
         choices = [describe_choice(logits[i], p[i], int(t), params) for i, t in enumerate(emitted)]
         return Verification(choices=choices, accepted=len(emitted) - 1)
     return verify
+
+
+def students_verify_greedy(impl: ModuleType):
+    """A drop-in for tinyinfer.speculative.verify_greedy, the rule the engine applies when every
+    sequence decodes plainly greedy and only the target's argmaxes leave the device: it decides
+    with impl's accept_greedy."""
+    def verify_greedy(choice_at: Callable[[int], TokenChoice], draft: Draft) -> Verification:
+        choices = [choice_at(i) for i in range(len(draft.tokens) + 1)]
+        emitted = impl.accept_greedy([c.token_id for c in choices], list(draft.tokens))
+        # A token the target did not choose (a wrong rule) has no probability to report.
+        return Verification(choices=[c if c.token_id == t else TokenChoice(int(t), math.nan, ((int(t), 1.0),), (), 1.0)
+                                     for c, t in zip(choices, emitted)], accepted=len(emitted) - 1)
+    return verify_greedy
 
 
 REPEATS = 3  # timed runs per configuration, interleaved so a busy spell hits every one alike
@@ -115,7 +130,8 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
     heading(f"{n_prompts} held-out prompts, {new} greedy tokens each, k = {K} guesses per step, "
             f"each configuration timed {REPEATS} times")
     runs: dict[str, Run] = {}
-    with plugged(engine_module, "verify", students_verify(impl)):
+    with plugged(engine_module, "verify", students_verify(impl)), \
+            plugged(engine_module, "verify_greedy", students_verify_greedy(impl)):
         for _ in range(REPEATS):  # round robin: plain, draft, lookup, plain, ...
             for name, drafter in drafters.items():
                 runs[name] = generate(m, prompts, greedy, drafter, runs.get(name))

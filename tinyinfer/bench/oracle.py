@@ -42,17 +42,21 @@ class OracleDrafter(DraftModelDrafter):
         self.continuations = {tuple(p): list(o) for p, o in zip(prompts, outputs)}
 
     def guess(self, seq: Sequence, guesses: list[int], logits: np.ndarray) -> tuple[int, np.ndarray]:
+        """The oracle's guess (``guess_greedy``), with q one-hot on it. The draft model's logits
+        only cost."""
+        token = self.guess_greedy(seq, guesses, 0)
+        q = np.zeros(logits.shape[-1])
+        q[token] = 1.0
+        return token, q
+
+    def guess_greedy(self, seq: Sequence, guesses: list[int], top_id: int) -> int:
         """The followed token at this position, or (chance 1 − acceptance, or past what was
-        followed) another one; q is one-hot on the guess. The draft model's logits only cost."""
-        vocab = logits.shape[-1]
+        followed) another one. The draft model's argmax ``top_id`` only cost."""
+        vocab = self.model.config.vocab_size
         known = self.continuations.get(tuple(seq.prompt_ids), [])
         at = len(seq.output_ids) + len(guesses)
         right = known[at] if at < len(known) else None
         if right is not None and self.rng.random() < self.acceptance:
-            token = right
-        else:
-            wrong = int(self.rng.integers(vocab - 1))
-            token = wrong if right is None or wrong < right else wrong + 1  # never `right`
-        q = np.zeros(vocab)
-        q[token] = 1.0
-        return token, q
+            return right
+        wrong = int(self.rng.integers(vocab - 1))
+        return wrong if right is None or wrong < right else wrong + 1  # never `right`

@@ -137,3 +137,35 @@ def test_prefill_attention_option_is_checked_and_described(oracle_model):
         tinyinfer.load(folder, runner="torch", device="cpu", prefill_attention="triton")
     with pytest.raises(TinyInferError, match="prefill_attention must be one of"):
         tinyinfer.load(folder, runner="torch", device="cpu", prefill_attention="flash")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="triton is not installed; scripts/gpu_prefill_check.py runs the kernel on a GPU")
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa-untied"])
+def test_runner_steps_through_the_triton_prefill_kernel_as_through_the_torch_version(name, oracle_model):
+    """Mixed steps (prefill chunks after cached prefixes beside decodes, one-token prompts, a
+    chunk scored at every position) through the runner with the Triton prefill kernel, in the
+    interpreter, give the logits of the torch version. The runner takes prefill_attention="triton"
+    only on CUDA, so the subprocess swaps the kernel in after loading on the CPU."""
+    from tests.test_torch_runner import mixed_schedule
+
+    folder, _ = oracle_model(name)
+    steps = list(mixed_schedule(320, page_size=4, seed=3))
+    code = (
+        "import numpy as np\nimport tinyinfer\n"
+        "from tinyinfer.runners.runner import make_batch\n"
+        "from tinyinfer.runners import torch_triton_prefill\n"
+        f"runners = [tinyinfer.load({str(folder)!r}, runner='torch', device='cpu').runner for _ in range(2)]\n"
+        "runners[1].prefill_attention_kind = 'triton'\n"
+        "runners[1].prefill_attention = torch_triton_prefill.paged_prefill_attention\n"
+        "caches = [r.new_kv_cache(32, 4) for r in runners]\n"
+        f"for entries in {steps!r}:\n"
+        "    ref, got = (r.forward(make_batch(entries, 4), kv) for r, kv in zip(runners, caches))\n"
+        "    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max(), np.abs(got - ref).max()\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

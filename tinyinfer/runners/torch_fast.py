@@ -7,11 +7,13 @@ Same function as ``numpy_ref.NumpyRunner``, arranged for speed:
 * K/V live in paged device tensors ``[layers, pages + 1, S, Hkv, hd]`` (the extra page is
   scratch for padded CUDA-graph rows), in the compute dtype or (``kv_cache_dtype="int8"``) as
   int8 codes with one float16 scale per token and KV head, quantized as they are written;
-* one forward per mixed batch: prefill chunks attend with ``scaled_dot_product_attention``
-  per sequence; all decoding sequences attend together, reading pages through their block
-  tables (a Triton kernel on CUDA, a gather + mask elsewhere). A batch in which every
-  sequence has the same few new tokens (verifying k drafted tokens: k + 1 each) takes the
-  decode path too, a causal block per sequence, so decode and verification share one kernel;
+* one forward per mixed batch: all prefill chunks attend in one call, packed one sequence after
+  another and reading earlier tokens through their page tables (a Triton kernel on CUDA;
+  elsewhere ``scaled_dot_product_attention`` per sequence); all decoding sequences attend
+  together, reading pages through their block tables (a Triton kernel on CUDA, a gather + mask
+  elsewhere). A batch in which every sequence has the same few new tokens (verifying k drafted
+  tokens: k + 1 each) takes the decode path too, a causal block per sequence, so decode and
+  verification share one kernel;
 * ``compile=True`` runs the per-layer tensor functions through ``torch.compile`` (fusing
   norms, residual adds and activations); ``cuda_graphs=True`` replays decode and verification
   steps from CUDA graphs captured per (tokens per sequence, padded batch size). Both default
@@ -37,9 +39,11 @@ from tinyinfer.errors import TinyInferError
 from tinyinfer.runners import torch_layers as layers
 from tinyinfer.runners.runner import Batch, RankTiming, RunnerInfo, TopLogits, check_kv_cache_dtype
 from tinyinfer.runners.torch_graphs import DecodeGraphs
+from tinyinfer.runners.torch_layers import PrefillChunks
 from tinyinfer.runners.torch_weights import DeviceWeights, pick_device, pick_dtype
 
 DECODE_ATTENTION = ("auto", "triton", "torch")
+PREFILL_ATTENTION = ("auto", "triton", "torch")
 # The most new tokens per sequence that a uniform batch may feed the decode path (and its CUDA
 # graphs): a verification step of the most draft tokens the engine allows, 16, plus one.
 MAX_DECODE_TOKENS = 17
@@ -74,15 +78,6 @@ class TorchKVCache:
 
 
 @dataclass(frozen=True)
-class _Prefill:
-    """One sequence with several new tokens: its rows, its pages and its context length."""
-
-    rows: slice
-    pages: Tensor  # [ceil(context_len / S)] int64
-    context_len: int
-
-
-@dataclass(frozen=True)
 class _Step:
     """A batch as device tensors, split into decoding rows and prefill chunks."""
 
@@ -91,7 +86,8 @@ class _Step:
     slots: Tensor  # [T] int64
     decode_tables: Tensor | None  # [Bd, W] page tables of the sequences on the decode path
     decode_rows: Tensor | None  # [Bd] their rows; None when every row decodes
-    prefills: tuple[_Prefill, ...] = ()
+    prefills: PrefillChunks | None = None  # the prefill chunks, packed; None when every row decodes
+    prefill_rows: Tensor | None = None  # [Tp] their rows; None when every row is theirs
     logits_rows: Tensor | None = None  # [R]; None means every row
 
 
@@ -109,7 +105,8 @@ class TorchRunner:
                  device: str | None = None, dtype: str | None = None,
                  compile: bool | None = None, cuda_graphs: bool | None = None,
                  decode_attention: str = "auto", max_graph_batch: int = 128,
-                 quant_kernel: str = "auto", kv_cache_dtype: str = "auto"):
+                 quant_kernel: str = "auto", kv_cache_dtype: str = "auto",
+                 prefill_attention: str = "auto"):
         self.config = config
         self.kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype)
         self.device = pick_device(device)
@@ -126,6 +123,10 @@ class TorchRunner:
         self.decode_attention_kind = self._pick_decode_attention(decode_attention)
         kernel = _triton_decode_attention() if self.decode_attention_kind == "triton" else None
         self.decode_attention: Callable[..., Tensor] = kernel or layers.paged_decode_attention
+        self.prefill_attention_kind = self._pick_prefill_attention(prefill_attention)
+        self.prefill_attention: Callable[..., Tensor] = (
+            _triton_prefill_attention() if self.prefill_attention_kind == "triton"
+            else layers.packed_prefill_attention)
         self.quant_kernel = self._pick_quant_kernel(quant_kernel)
         self.w = DeviceWeights.load(config, weights, self.device, self.dtype, quant_kernel=self.quant_kernel)
         rope = _rope_tables(config, self.device) if config.uses_rope else (None, None)
@@ -159,6 +160,19 @@ class TorchRunner:
             return "torch"
         return "triton"
 
+    def _pick_prefill_attention(self, choice: str) -> str:
+        """"triton" (one kernel launch for every prefill chunk) where the Triton decode kernel
+        could run (CUDA, an even head_dim, triton installed), else "torch"
+        (scaled_dot_product_attention per sequence)."""
+        if choice not in PREFILL_ATTENTION:
+            raise TinyInferError(f"prefill_attention must be one of {PREFILL_ATTENTION}, got {choice}")
+        usable = (self.device.type == "cuda" and self.config.head_dim % 2 == 0
+                  and _triton_decode_attention() is not None)
+        if choice == "triton" and not usable:
+            raise TinyInferError("prefill_attention='triton' needs a CUDA device, an even head_dim "
+                                 "and the triton package: use prefill_attention='torch'")
+        return "triton" if choice == "triton" or (choice == "auto" and usable) else "torch"
+
     def _pick_quant_kernel(self, choice: str) -> str:
         """Which kernels multiply by int8 / int4 weights: "triton" (tinyinfer's, every format),
         "torch" (torch's int4 kernel where it takes the shape, else dequantize-then-multiply) or
@@ -183,6 +197,7 @@ class TorchRunner:
             "compile": self.compile,
             "cuda_graphs": self.cuda_graphs,
             "decode_attention": self.decode_attention_kind,
+            "prefill_attention": self.prefill_attention_kind,
             "quant_kernel": self.quant_kernel,
         }
 
@@ -271,7 +286,7 @@ class TorchRunner:
         return final_logits(x, residual, *w.final_norm, w.head, eps)  # [R, V]
 
     def _attention(self, layer: int, qkv: Tensor, step: _Step, kv: TorchKVCache) -> Tensor:
-        """Decode rows attend together through their page tables; prefill chunks one by one."""
+        """Decode rows attend together through their page tables; prefill chunks together too."""
         c = self.config
         k_cache, v_cache = kv.k[layer], kv.v[layer]  # [P + 1, S, Hkv, hd]
         scales = kv.layer_scales(layer)  # int8 K/V: k_scale, v_scale [P + 1, S, Hkv]
@@ -280,22 +295,19 @@ class TorchRunner:
             return self.decode_attention(qkv_rows, positions, slots, step.decode_tables, k_cache,
                                          v_cache, self.cos, self.sin, c.num_heads, **scales)
 
-        if not step.prefills:
+        if step.prefills is None:
             return decode(qkv, step.positions, step.slots)
+        rows = step.prefill_rows
+        prefilled = self.prefill_attention(qkv if rows is None else qkv[rows], step.prefills,
+                                           k_cache, v_cache, self.cos, self.sin, c.num_heads,
+                                           **scales)  # [Tp, H hd]
+        if rows is None:
+            return prefilled
         out = qkv.new_empty((qkv.shape[0], c.num_heads * c.head_dim))  # [T, H hd]
+        out[rows] = prefilled
         if step.decode_rows is not None:
-            rows = step.decode_rows
-            out[rows] = decode(qkv[rows], step.positions[rows], step.slots[rows])
-        for chunk in step.prefills:
-            q, k, v = layers.split_qkv(qkv[chunk.rows], c.num_heads, c.num_kv_heads, c.head_dim)
-            positions = step.positions[chunk.rows]
-            if self.cos is not None and self.sin is not None:
-                cos, sin = self.cos[positions], self.sin[positions]
-                q, k = layers.apply_rope(q, cos, sin), layers.apply_rope(k, cos, sin)
-            layers.write_kv(k_cache, v_cache, step.slots[chunk.rows], k, v, **scales)
-            attended = layers.prefill_attention(q, k, v, positions, k_cache, v_cache, chunk.pages,
-                                                chunk.context_len, **scales)
-            out[chunk.rows] = attended.flatten(1)
+            decoding = step.decode_rows
+            out[decoding] = decode(qkv[decoding], step.positions[decoding], step.slots[decoding])
         return out
 
     # ------------------------------------------------------------------ inputs
@@ -319,13 +331,13 @@ class TorchRunner:
             for row, b in enumerate(decoding):
                 padded[row, :len(batch.page_tables[b])] = batch.page_tables[b]
             tables = tensor(padded)
-        prefills = tuple(
-            _Prefill(rows=slice(int(starts[b]), int(starts[b + 1])),
-                     pages=tensor(np.asarray(
-                         batch.page_tables[b][:math.ceil(int(batch.context_lens[b]) / page_size)])),
-                     context_len=int(batch.context_lens[b]))
-            for b in np.flatnonzero(lengths != (q or 1))
-        )
+        prefilling = np.flatnonzero(lengths != (q or 1))
+        prefills, prefill_rows = None, None
+        if len(prefilling):
+            rows = np.concatenate([np.arange(starts[b], starts[b + 1]) for b in prefilling])  # [Tp]
+            if len(rows) < batch.num_tokens:
+                prefill_rows = tensor(rows)
+            prefills = self._prefill_chunks(batch, prefilling, rows, page_size, tensor)
         all_rows = np.array_equal(batch.logits_rows, np.arange(batch.num_tokens))
         return _Step(
             token_ids=tensor(batch.token_ids),
@@ -334,8 +346,29 @@ class TorchRunner:
             decode_tables=tables,
             decode_rows=tensor(starts[decoding]) if prefills and len(decoding) else None,
             prefills=prefills,
+            prefill_rows=prefill_rows,
             logits_rows=None if all_rows else tensor(batch.logits_rows),
         )
+
+    def _prefill_chunks(self, batch: Batch, seqs: np.ndarray, rows: np.ndarray, page_size: int,
+                        tensor: Callable[[np.ndarray], Tensor]) -> PrefillChunks:
+        """The batch's sequences `seqs` packed in order (their rows `rows`), as the prefill
+        attention reads them; with the Triton kernel, its work list of query tiles too."""
+        starts = np.concatenate([[0], np.cumsum(np.diff(batch.query_starts)[seqs])])  # [Bp + 1]
+        context_lens = [int(batch.context_lens[b]) for b in seqs]
+        page_counts = [math.ceil(n / page_size) for n in context_lens]
+        tables = np.zeros((len(seqs), max(page_counts)), dtype=np.int64)  # [Bp, W]
+        for row, (b, count) in enumerate(zip(seqs, page_counts)):
+            tables[row, :count] = batch.page_tables[b][:count]
+        tiles = None
+        if self.prefill_attention_kind == "triton":
+            from tinyinfer.runners.torch_triton_prefill import query_tiles
+
+            tiles = torch.from_numpy(query_tiles(starts)).to(self.device)
+        return PrefillChunks(starts=tuple(int(s) for s in starts), context_lens=tuple(context_lens),
+                             positions=tensor(batch.positions[rows]),
+                             slots=tensor(batch.slot_mapping[rows]), page_tables=tensor(tables),
+                             tiles=tiles)
 
     # ------------------------------------------------------------------ CUDA graphs
 
@@ -388,6 +421,13 @@ def _triton_decode_attention() -> Callable[..., Tensor] | None:
     except ImportError:
         return None
     return torch_triton.paged_decode_attention
+
+
+def _triton_prefill_attention() -> Callable[..., Tensor]:
+    """The Triton prefill kernel (only asked for where the decode kernel imported)."""
+    from tinyinfer.runners import torch_triton_prefill
+
+    return torch_triton_prefill.paged_prefill_attention
 
 
 def _triton_installed() -> bool:

@@ -338,6 +338,46 @@ def prefill_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, k_cach
     return out.transpose(0, 1)  # [Tq, H, hd]
 
 
+@dataclass(frozen=True)
+class PrefillChunks:
+    """Several sequences' new tokens packed one after another (a step's prefill chunks): where
+    each sequence's rows start, its context length and its pages.  Bp sequences, Tp rows."""
+
+    starts: tuple[int, ...]  # [Bp + 1] each sequence's first row in the packed rows, then Tp
+    context_lens: tuple[int, ...]  # [Bp] tokens in each context, these chunks' tokens included
+    positions: Tensor  # [Tp] int64
+    slots: Tensor  # [Tp] int64 cache slot of each new token
+    page_tables: Tensor  # [Bp, W] int64 page ids, each row padded past its pages
+    # [tiles, 3] int32 (sequence, first row, end row) of each query tile: the Triton kernel's
+    # work list (None where the torch version runs)
+    tiles: Tensor | None = None
+
+
+def packed_prefill_attention(qkv: Tensor, chunks: PrefillChunks, k_cache: Tensor, v_cache: Tensor,
+                             cos_table: Tensor | None, sin_table: Tensor | None, num_heads: int,
+                             k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> Tensor:
+    """Every prefill chunk of a step: rotate, store K/V, then causal attention one sequence at a
+    time (``prefill_attention``: earlier tokens read from the pages).
+
+    qkv: [Tp, (H + 2 Hkv) hd] packed as ``chunks`` says; caches: [P, S, Hkv, hd] (int8 K/V:
+    int8 codes and their scales [P, S, Hkv]).  -> [Tp, H hd].
+    The Triton kernel in torch_triton_prefill.py computes the same thing in one launch.
+    """
+    num_kv_heads, head_dim, page_size = k_cache.shape[2], k_cache.shape[3], k_cache.shape[1]
+    q, k, v = split_qkv(qkv, num_heads, num_kv_heads, head_dim)
+    if cos_table is not None and sin_table is not None:
+        cos, sin = cos_table[chunks.positions], sin_table[chunks.positions]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    write_kv(k_cache, v_cache, chunks.slots, k, v, k_scale, v_scale)
+    out = qkv.new_empty((qkv.shape[0], num_heads * head_dim))
+    for b, context_len in enumerate(chunks.context_lens):
+        rows = slice(chunks.starts[b], chunks.starts[b + 1])
+        pages = chunks.page_tables[b, :-(-context_len // page_size)]
+        out[rows] = prefill_attention(q[rows], k[rows], v[rows], chunks.positions[rows], k_cache,
+                                      v_cache, pages, context_len, k_scale, v_scale).flatten(1)
+    return out
+
+
 def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_tables: Tensor,
                            k_cache: Tensor, v_cache: Tensor, cos_table: Tensor | None,
                            sin_table: Tensor | None, num_heads: int,

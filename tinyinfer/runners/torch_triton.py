@@ -264,6 +264,31 @@ def default_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
     return min(MAX_SPLITS, triton.next_power_of_2(wanted))
 
 
+def kernel_shape(num_heads: int, k_cache: Tensor, cos_table: Tensor | None,
+                 k_scale: Tensor | None, v_scale: Tensor | None) -> dict[str, int | bool]:
+    """The compile-time sizes the kernels share: heads, the KV head group padded for tl.dot
+    (>= 16 rows), half head dims padded to a power of two (>= 16), RoPE, int8 K/V."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    group, half = num_heads // num_kv_heads, head_dim // 2
+    return dict(NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group,
+                GROUP_P=max(16, triton.next_power_of_2(group)), HALF=half,
+                HALF_P=max(16, triton.next_power_of_2(half)), ROPE=cos_table is not None,
+                KV_INT8=k_scale is not None and v_scale is not None)
+
+
+def store_kv(qkv: Tensor, positions: Tensor, slots: Tensor, k_cache: Tensor, v_cache: Tensor,
+             cos_table: Tensor | None, sin_table: Tensor | None, num_heads: int,
+             k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> None:
+    """Rotate every row's new k and store it and v in its slot (int8 K/V: quantized), before
+    rows that read each other's K/V from the cache attend.  qkv: [T, (H + 2 Hkv) hd]."""
+    shape = kernel_shape(num_heads, k_cache, cos_table, k_scale, v_scale)
+    cos, sin = (cos_table, sin_table) if shape["ROPE"] else (qkv, qkv)
+    scales = (k_scale, v_scale) if shape["KV_INT8"] else (k_cache, v_cache)  # unread without int8
+    _store_kv_kernel[(qkv.shape[0], k_cache.shape[2])](
+        qkv, k_cache, v_cache, *scales, cos, sin, positions, slots, qkv.stride(0), **shape,
+        num_warps=1)
+
+
 def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_tables: Tensor,
                            k_cache: Tensor, v_cache: Tensor, cos_table: Tensor | None,
                            sin_table: Tensor | None, num_heads: int,
@@ -282,25 +307,20 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
     _, page_size, num_kv_heads, head_dim = k_cache.shape
     if num_splits is None:
         num_splits = default_splits(batch, num_kv_heads, qkv.device)
-    group, half = num_heads // num_kv_heads, head_dim // 2
-    # tl.dot needs every dimension >= 16: pad the head group and the half head dim.
-    group_p, half_p = max(16, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(half))
-    block_n = max(16, min(64, KEY_TILE_ELEMENTS // half_p))
+    # tl.dot needs every dimension >= 16: the head group and the half head dim are padded.
+    shape = kernel_shape(num_heads, k_cache, cos_table, k_scale, v_scale)
+    block_n = max(16, min(64, KEY_TILE_ELEMENTS // shape["HALF_P"]))
     out = torch.empty((rows, num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
     parts = rows * num_heads * num_splits
     part_acc = torch.empty((parts, head_dim) if num_splits > 1 else (1,), dtype=torch.float32,
                            device=qkv.device)
     part_ml = torch.empty((parts, 2) if num_splits > 1 else (1,), dtype=torch.float32,
                           device=qkv.device)
-    rope = cos_table is not None
-    cos, sin = (cos_table, sin_table) if rope else (qkv, qkv)
-    int8 = k_scale is not None and v_scale is not None
-    scales = (k_scale, v_scale) if int8 else (k_cache, v_cache)  # unread without int8 K/V
-    shape = dict(NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_P=group_p,
-                 HALF=half, HALF_P=half_p, ROPE=rope, KV_INT8=int8)
+    cos, sin = (cos_table, sin_table) if shape["ROPE"] else (qkv, qkv)
+    scales = (k_scale, v_scale) if shape["KV_INT8"] else (k_cache, v_cache)  # unread without int8 K/V
     if q_len > 1:
-        _store_kv_kernel[(rows, num_kv_heads)](qkv, k_cache, v_cache, *scales, cos, sin, positions,
-                                               slots, qkv.stride(0), **shape, num_warps=1)
+        store_kv(qkv, positions, slots, k_cache, v_cache, cos_table, sin_table, num_heads,
+                 k_scale, v_scale)
     _paged_decode_kernel[(rows, num_kv_heads, num_splits)](
         qkv, out, part_acc, part_ml, k_cache, v_cache, cos, sin,
         positions, slots, page_tables, *scales,

@@ -104,7 +104,7 @@ class TorchRunner:
     def __init__(self, config: ModelConfig, weights: Mapping[str, np.ndarray | Tensor],
                  device: str | None = None, dtype: str | None = None,
                  compile: bool | None = None, cuda_graphs: bool | None = None,
-                 decode_attention: str = "auto", max_graph_batch: int = 128,
+                 decode_attention: str = "auto", max_graph_batch: int = 256,
                  quant_kernel: str = "auto", kv_cache_dtype: str = "auto",
                  prefill_attention: str = "auto"):
         self.config = config

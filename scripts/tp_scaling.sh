@@ -2,7 +2,7 @@
 # Tensor-parallel scaling on a 4-GPU host, in one call: stages of tp_gpu_check.py, two at a
 # time where they use disjoint GPUs (CUDA_VISIBLE_DEVICES), each under a time limit.
 #   bash scripts/tp_scaling.sh OUT_DIR explore   # variants, profiles, correctness, all-reduce sweeps
-#   bash scripts/tp_scaling.sh OUT_DIR final     # TP=1/2/4 through the CLI, and gpt-fast beside it
+#   bash scripts/tp_scaling.sh OUT_DIR final     # TP=1/2/4 with profiles, batch 32 at TP=4, gpt-fast at TP=2/4
 # Needs tinyinfer's dependencies importable (and, for gpt-fast, GPT_FAST=a checkout; for the
 # gqa stages, transformers with its own regex: don't shadow it with an older regex wheel).
 # Results: OUT_DIR/summary.json (every group's tp_gpu_check.json, by group), OUT_DIR/logs.txt and
@@ -16,11 +16,12 @@ start=$SECONDS
 work=$(mktemp -d)
 
 # group GPUS LIMIT STAGE...: the stages one after another on those GPUs, output in OUT/<first stage>
+# (CPUS=list: on those CPU cores only, so that stages side by side do not share cores)
 group() {
   local gpus=$1 limit=$2; shift 2
   local dir="$work/$1"
   mkdir -p "$dir"
-  CUDA_VISIBLE_DEVICES=$gpus timeout -s ABRT "$limit" \
+  CUDA_VISIBLE_DEVICES=$gpus timeout -s ABRT "$limit" ${CPUS:+taskset -c "$CPUS"} \
     python3 "$here/tp_gpu_check.py" --out "$dir" "$@" > "$dir/log.txt" 2>&1
   echo "=== $* on GPUs $gpus: exit $? at $((SECONDS - start)) s"
   collect
@@ -81,14 +82,16 @@ if [ "$mode" = explore ]; then
   group 0,1,2,3 60 gqa_tp4_symm_mem_float32 all_reduce_tp4_small all_reduce_tp2_small all_reduce_tp4_LL
   group 0,1,2,3 60 8b_tp4_nccl
 else
-  # ours first (the CLI as users run it: defaults, exit time), then gpt-fast, whose compile
-  # takes 100-200 s a size; about 600 s in all
-  group 0 60 cli_tp1 & group 2,3 60 bundled_tp2_symm_mem & wait
-  group 0,1 70 cli_tp2
-  group 0,1,2,3 80 8b_tp4_batch32
-  group 0,1,2,3 200 gpt_fast_tp4
-  group 0,1 170 gpt_fast_tp2
-  group 0 120 gpt_fast_tp1
+  # gpt-fast at TP=2 (GPUs 0,1; its compile on cores of its own) beside ours at TP=2, then TP=1
+  # (GPUs 2,3), then ours at TP=4, then gpt-fast at TP=4 (it compiles for 100-200 s a size);
+  # about 400 s in all
+  cores=$(nproc)
+  CPUS=0-$((cores * 5 / 8 - 1)) group 0,1 145 gpt_fast_tp2 &
+  (export CPUS=$((cores * 5 / 8))-$((cores - 1))
+   group 2,3 95 8b_tp2_symm_mem_profile; group 2 50 8b_tp1_symm_mem_profile) &
+  wait
+  group 0,1,2,3 120 8b_tp4_symm_mem_profile_batch32
+  group 0,1,2,3 130 gpt_fast_tp4
 fi
 echo "=== done in $((SECONDS - start)) s"
 cat "$out/table.txt"

@@ -20,7 +20,8 @@ kernel time and GPU idle time per step, and the kernel table in DIR/profile_tp<N
 
 8b_tp<N>[_nccl|_symm_mem][_profile|_batch32|_profile_batch32]: the 8B shape at prompt 128, 256 new
 tokens (the default all-reduce, or the one named), with a profile (decode steps by region, the
-GPU's idle gaps, prefill steps) and/or the decode rate of 32 sequences; cli_tp<N>[...][_torchrun]: ``tinyinfer bench latency`` as a user runs it
+GPU's idle gaps, rank 0's host time by Python function, prefill steps) and/or the decode rate
+of 32 sequences; 70b_tp4_symm_mem: the 70B shape the same way, at TP=4; cli_tp<N>[...][_torchrun]: ``tinyinfer bench latency`` as a user runs it
 (spawned ranks or torchrun), with how long it took to exit after its table and whether stderr
 shows a leaked semaphore, an abort or a traceback; gpt_fast_tp<N>: scripts/peer_gpt_fast.py at
 the same shape (torchrun for N > 1; the checkout at $GPT_FAST, default peers/gpt-fast);
@@ -279,13 +280,14 @@ def latency(model: Any) -> tuple[dict, Any]:
     return result, model
 
 
-def scaling(world: int, out: Path, profile_steps: int = 0, batch: int = 0, **options: Any) -> tuple[dict, Any]:
-    """The 8B shape at batch 1 (prompt 128, 256 new tokens, as ``bench latency`` defaults to
-    for this comparison), optionally a profile and a batch-``batch`` decode rate."""
+def scaling(world: int, out: Path, profile_steps: int = 0, batch: int = 0, shape: str = "llama-3-8b",
+            **options: Any) -> tuple[dict, Any]:
+    """A preset shape (the 8B by default) at batch 1 (prompt 128, 256 new tokens, as ``bench
+    latency`` defaults to for this comparison), optionally a profile and a batch-``batch`` decode rate."""
     if world == 1:
-        model = bs.shape_models("llama-3-8b", "cuda", "bfloat16")[0]
+        model = bs.shape_models(shape, "cuda", "bfloat16")[0]
     else:
-        model = bs.shape_tensor_parallel("llama-3-8b", world, "cuda", "bfloat16", **options)
+        model = bs.shape_tensor_parallel(shape, world, "cuda", "bfloat16", **options)
     result = bs.as_dict(bs.bench_latency(model, prompt_tokens=128, decode_tokens=256))
     result["runner"] = model.runner.describe()
     result["card"] = torch.cuda.get_device_name()
@@ -395,7 +397,8 @@ def profile(model: Any, out: Path, steps: int = 20, prefills: int = 3) -> tuple[
     returns per decode step the wall time, the GPU time by region (projections, LM head,
     all-reduces, gather, attention, norms, sampling, other), the idle time in short gaps (between
     a graph's kernels) and long ones (waiting for the host), the first all-reduce's wait for the
-    workers; and per prefill its wall time, kernels and all-reduces.
+    workers, rank 0's host time by Python function; and per prefill its wall time, kernels and
+    all-reduces.
     """
     engine = tinyinfer.Engine(model, max_num_seqs=1, detail="none")
     rng = np.random.default_rng(0)
@@ -432,10 +435,27 @@ def profile(model: Any, out: Path, steps: int = 20, prefills: int = 3) -> tuple[
               **_gaps(timeline, steps),
               **_step_start_wait(timeline, 2 * model.config.num_layers + 1 if tp > 1 else 0),
               "timings_of_last_step": {**(last := engine.step()).timings, **last.rank_timings}}
+    result["host_python_us_per_step"] = host_functions(engine, steps)
     del engine
     gc.collect()
     result["prefill"] = profile_prefill(model, out, prefills)
     return result, model
+
+
+def host_functions(engine: Any, steps: int, top: int = 25) -> dict[str, float]:
+    """Rank 0's host time per decode step by Python function (self time, microseconds): what
+    fills the GPU's idle time between two replays (pickling, pipe writes and reads, the engine)."""
+    import re
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True) as prof:
+        for _ in range(steps):
+            engine.step()
+    self_us: dict[str, float] = {}
+    for e in prof.events():
+        if (".py(" in e.name or e.name.startswith("<built-in")) and "profiler" not in e.name:
+            name = re.sub(r" at 0x[0-9a-f]+", "", e.name)[:100]
+            self_us[name] = self_us.get(name, 0.0) + e.self_cpu_time_total / steps
+    return dict(sorted(self_us.items(), key=lambda kv: -kv[1])[:top])
 
 
 def profile_prefill(model: Any, out: Path, prompts: int, tokens: int = 128) -> dict:
@@ -592,6 +612,7 @@ def stages(out: Path) -> dict[str, Callable[[], tuple[Any, Any]]]:
         table[f"cli_tp{world}"] = lambda world=world: cli_latency(world, out)  # the defaults
         table[f"8b_tp{world}_batch32"] = lambda world=world: scaling(world, out, batch=32)
     table["8b_tp2_nccl_timed"] = lambda: scaling(2, out, time_collectives=True)
+    table["70b_tp4_symm_mem"] = lambda: scaling(4, out, shape="llama-2-70b", all_reduce="symm_mem")
     table["bundled_tp2_symm_mem"] = lambda: bundled_tp2(compile=False, all_reduce="symm_mem")
     for world in (2, 4):
         table[f"gqa_tp{world}_symm_mem_float32"] = lambda world=world: gqa(

@@ -2,13 +2,14 @@
 # Tensor-parallel scaling on a 4-GPU host, in one call: stages of tp_gpu_check.py, two at a
 # time where they use disjoint GPUs (CUDA_VISIBLE_DEVICES), each under a time limit.
 #   bash scripts/tp_scaling.sh OUT_DIR explore   # variants, profiles, correctness, all-reduce sweeps
-#   bash scripts/tp_scaling.sh OUT_DIR final     # TP=1/2/4 with profiles, batch 32 at TP=4, gpt-fast at TP=2/4
+#   bash scripts/tp_scaling.sh OUT_DIR final     # TP=1/2/4 with profiles, gpt-fast at TP=2/4 beside them
+#   bash scripts/tp_scaling.sh OUT_DIR extras    # TP=1 alone, batch 32 and the 70B at TP=4, symm_mem checks
 # Needs tinyinfer's dependencies importable (and, for gpt-fast, GPT_FAST=a checkout; for the
 # gqa stages, transformers with its own regex: don't shadow it with an older regex wheel).
 # Results: OUT_DIR/summary.json (every group's tp_gpu_check.json, by group), OUT_DIR/logs.txt and
 # the profiles' kernel tables (the device machine returns only a few files).
-out=${1:?usage: tp_scaling.sh OUT_DIR explore|final}
-mode=${2:?usage: tp_scaling.sh OUT_DIR explore|final}
+out=${1:?usage: tp_scaling.sh OUT_DIR explore|final|extras}
+mode=${2:?usage: tp_scaling.sh OUT_DIR explore|final|extras}
 here=$(cd "$(dirname "$0")" && pwd)
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -81,17 +82,24 @@ if [ "$mode" = explore ]; then
   group 0,1,2,3 90 8b_tp4_symm_mem_batch32
   group 0,1,2,3 60 gqa_tp4_symm_mem_float32 all_reduce_tp4_small all_reduce_tp2_small all_reduce_tp4_LL
   group 0,1,2,3 60 8b_tp4_nccl
-else
-  # gpt-fast at TP=2 (GPUs 0,1; its compile on cores of its own) beside ours at TP=2, then TP=1
-  # (GPUs 2,3), then ours at TP=4, then gpt-fast at TP=4 (it compiles for 100-200 s a size);
-  # about 400 s in all
+elif [ "$mode" = final ]; then
+  # gpt-fast at TP=2 (GPUs 0,1; its compile on cores of its own) beside ours at TP=2 and TP=1
+  # (GPUs 2,3), then gpt-fast at TP=4, then ours at TP=4; gpt-fast compiles for more than 145 s
+  # a size, so this takes a call of its own: about 590 s
   cores=$(nproc)
-  CPUS=0-$((cores * 5 / 8 - 1)) group 0,1 145 gpt_fast_tp2 &
+  CPUS=0-$((cores * 5 / 8 - 1)) group 0,1 240 gpt_fast_tp2 &
   (export CPUS=$((cores * 5 / 8))-$((cores - 1))
-   group 2,3 95 8b_tp2_symm_mem_profile; group 2 50 8b_tp1_symm_mem_profile) &
+   group 2,3 90 8b_tp2_symm_mem_profile; group 2 60 8b_tp1_symm_mem_profile) &
   wait
-  group 0,1,2,3 120 8b_tp4_symm_mem_profile_batch32
-  group 0,1,2,3 130 gpt_fast_tp4
+  group 0,1,2,3 240 gpt_fast_tp4
+  group 0,1,2,3 100 8b_tp4_symm_mem_profile
+else
+  # the rest of the table, each alone on the host: TP=1 (its TTFT with no neighbour), batch 32
+  # at TP=4, the 70B shape at TP=4, the one-shot all-reduce against one GPU; about 420 s
+  group 0 70 8b_tp1_symm_mem
+  group 0,1,2,3 120 8b_tp4_symm_mem_batch32
+  group 0,1,2,3 150 70b_tp4_symm_mem
+  group 0,1,2,3 80 bundled_tp2_symm_mem gqa_tp4_symm_mem_float32
 fi
 echo "=== done in $((SECONDS - start)) s"
 cat "$out/table.txt"

@@ -18,9 +18,10 @@ through ``tinyinfer.bench.shapes.bench_latency`` (prompt 512, 128 tokens), the 7
 profile_8b_tp1 / _tp2: torch.profiler over 20 decode steps on rank 0 — GPU kernel time, NCCL
 kernel time and GPU idle time per step, and the kernel table in DIR/profile_tp<N>.txt.
 
-8b_tp<N>[_nccl|_symm_mem][_profile|_batch32]: the 8B shape at prompt 128, 256 new tokens (the
-default all-reduce, or the one named), with a profile (top kernels and host ops) or the decode
-rate of 32 sequences; cli_tp<N>[...][_torchrun]: ``tinyinfer bench latency`` as a user runs it
+8b_tp<N>[_nccl|_symm_mem][_profile|_batch32|_profile_batch32]: the 8B shape at prompt 128, 256 new
+tokens (the default all-reduce, or the one named), with a profile (decode steps by region, the
+GPU's idle gaps, rank 0's host time by Python function, prefill steps) and/or the decode rate
+of 32 sequences; 70b_tp4_symm_mem: the 70B shape the same way, at TP=4; cli_tp<N>[...][_torchrun]: ``tinyinfer bench latency`` as a user runs it
 (spawned ranks or torchrun), with how long it took to exit after its table and whether stderr
 shows a leaked semaphore, an abort or a traceback; gpt_fast_tp<N>: scripts/peer_gpt_fast.py at
 the same shape (torchrun for N > 1; the checkout at $GPT_FAST, default peers/gpt-fast);
@@ -32,6 +33,7 @@ a matrix product. scripts/tp_scaling.sh runs these in one call on a 4-GPU host.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -278,18 +280,19 @@ def latency(model: Any) -> tuple[dict, Any]:
     return result, model
 
 
-def scaling(world: int, out: Path, profile_steps: int = 0, batch: int = 0, **options: Any) -> tuple[dict, Any]:
-    """The 8B shape at batch 1 (prompt 128, 256 new tokens, as ``bench latency`` defaults to
-    for this comparison), optionally a profile and a batch-``batch`` decode rate."""
+def scaling(world: int, out: Path, profile_steps: int = 0, batch: int = 0, shape: str = "llama-3-8b",
+            **options: Any) -> tuple[dict, Any]:
+    """A preset shape (the 8B by default) at batch 1 (prompt 128, 256 new tokens, as ``bench
+    latency`` defaults to for this comparison), optionally a profile and a batch-``batch`` decode rate."""
     if world == 1:
-        model = bs.shape_models("llama-3-8b", "cuda", "bfloat16")[0]
+        model = bs.shape_models(shape, "cuda", "bfloat16")[0]
     else:
-        model = bs.shape_tensor_parallel("llama-3-8b", world, "cuda", "bfloat16", **options)
+        model = bs.shape_tensor_parallel(shape, world, "cuda", "bfloat16", **options)
     result = bs.as_dict(bs.bench_latency(model, prompt_tokens=128, decode_tokens=256))
     result["runner"] = model.runner.describe()
     result["card"] = torch.cuda.get_device_name()
-    extras = {f"batch{batch}": (lambda: batch_decode(model, batch)) if batch else None,
-              "profile": (lambda: profile(model, out, profile_steps)[0]) if profile_steps else None}
+    extras = {"profile": (lambda: profile(model, out, profile_steps)[0]) if profile_steps else None,
+              f"batch{batch}": (lambda: batch_decode(model, batch)) if batch else None}
     for key, extra in extras.items():
         if extra is not None:
             try:  # a failed extra must not lose the latency measured above
@@ -304,8 +307,12 @@ def batch_decode(model: Any, batch: int, prompt_tokens: int = 128, decode_tokens
     rng = np.random.default_rng(1)
     params = tinyinfer.SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True)
     times = []
+    # pages enough for every sequence at once: the default pool (256 MB of the whole model's
+    # K/V, whatever the split) holds 2,048 tokens of an 8B model, so 32 sequences would preempt
+    # each other and never all decode in one step
+    pages = batch * -(-(prompt_tokens + decode_tokens) // 16)
     for run in range(2):
-        engine = tinyinfer.Engine(model, max_num_seqs=batch, detail="none")
+        engine = tinyinfer.Engine(model, max_num_seqs=batch, detail="none", num_pages=pages, page_size=16)
         for _ in range(batch):
             engine.add_request(rng.integers(0, model.config.vocab_size, prompt_tokens).tolist(), params)
         while engine.has_unfinished():
@@ -317,14 +324,85 @@ def batch_decode(model: Any, batch: int, prompt_tokens: int = 128, decode_tokens
     return {"batch": batch, "step_ms": 1e3 * step, "tokens_per_s": batch / step, "steps": len(times)}
 
 
-def profile(model: Any, out: Path, steps: int = 20) -> tuple[dict, Any]:
-    """Rank 0's host and GPU time over decode steps (after warm-up), from torch.profiler.
+# Kernel-name patterns of a decode step's regions, first match wins (cuBLAS's nvjet / split-K
+# reduce are the projections; the LM head is the projection that runs once a step).
+REGIONS = (("all_reduce", r"all_reduce|allreduce"), ("gather", r"allgather"),
+           ("attention", r"paged_decode|merge_splits|flash|attention|sdpa|fmha"),
+           ("norm", r"rms_norm|layer_norm"),
+           ("matmul", r"nvjet|gemm|cutlass|splitkreduce|xmma|sm90_"),
+           ("sampling", r"topk|bitonic|sort|scan|reduce_kernel|cub::"))
 
-    Writes the kernel table to OUT/profile_<name>.txt; returns per-step wall time, the GPU time
-    of all kernels, of NCCL's, and the gap (the GPU idle while the host works or waits).
+
+def _region(name: str) -> str:
+    import re
+
+    low = name.lower()
+    return next((region for region, pattern in REGIONS if re.search(pattern, low)), "other")
+
+
+def _kernel_events(prof: Any) -> list[tuple[float, float, str]]:
+    """(start us, end us, name) of every GPU kernel or copy the profiler saw, in start order."""
+    events = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+              if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sorted(events)
+
+
+def _gaps(kernels: list[tuple[float, float, str]], steps: int, big_us: float = 20.0) -> dict:
+    """GPU idle time per step between kernels: short gaps (inside a replayed graph) and long
+    ones (the GPU waiting for the host), from the union of kernel intervals."""
+    small = large = 0.0
+    end = None
+    for s, e, _ in kernels:
+        if end is not None and s > end:
+            gap = s - end
+            if gap < big_us:
+                small += gap
+            else:
+                large += gap
+        end = e if end is None else max(end, e)
+    return {"idle_short_gaps_ms_per_step": small / steps / 1e3,
+            "idle_long_gaps_ms_per_step": large / steps / 1e3}
+
+
+def _regions(prof: Any, steps: int) -> dict:
+    """GPU ms per step by region (kernel-name patterns above; LM head = a projection run once a step)."""
+    regions: dict[str, float] = {}
+    for e in prof.key_averages():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        region = _region(e.key)
+        if region == "matmul" and e.count <= steps:
+            region = "lm_head"
+        regions[region] = regions.get(region, 0.0) + e.self_device_time_total / steps / 1e3
+    return regions
+
+
+def _step_start_wait(kernels: list[tuple[float, float, str]], per_step: int) -> dict:
+    """The first all-reduce of each step (the embedding's) against the median one: its excess is
+    how long rank 0 waited for the last worker to start its replay."""
+    spans = [e - s for s, e, name in kernels if _region(name) == "all_reduce"]
+    if per_step < 2 or len(spans) < per_step:
+        return {}
+    firsts = spans[::per_step]
+    return {"first_all_reduce_us": statistics.median(firsts),
+            "median_all_reduce_us": statistics.median(spans),
+            "all_reduces_seen": len(spans)}
+
+
+def profile(model: Any, out: Path, steps: int = 20, prefills: int = 3) -> tuple[dict, Any]:
+    """Rank 0's host and GPU time over decode steps (after warm-up), and over ``prefills`` prompts
+    of 128 tokens, from torch.profiler.
+
+    Writes the kernel tables to OUT/profile_tp<N>.txt (decode steps, then prefills);
+    returns per decode step the wall time, the GPU time by region (projections, LM head,
+    all-reduces, gather, attention, norms, sampling, other), the idle time in short gaps (between
+    a graph's kernels) and long ones (waiting for the host), the first all-reduce's wait for the
+    workers, rank 0's host time by Python function; and per prefill its wall time, kernels and
+    all-reduces.
     """
     engine = tinyinfer.Engine(model, max_num_seqs=1, detail="none")
-    prompt = np.random.default_rng(0).integers(0, model.config.vocab_size, 128).tolist()
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, model.config.vocab_size, 128).tolist()
     engine.add_request(prompt, tinyinfer.SamplingParams(temperature=0, max_tokens=steps + 16, ignore_eos=True))
     for _ in range(8):  # prefill, compile, graph capture
         engine.step()
@@ -346,39 +424,114 @@ def profile(model: Any, out: Path, steps: int = 20) -> tuple[dict, Any]:
                if any(k in e.key.lower() for k in ("nccl", "all_reduce", "allreduce"))) / steps / 1e3
     host = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CPU),
                   key=lambda e: -e.self_cpu_time_total)[:12]
-    return {"top_kernels": [{"name": e.key[:90], "ms_per_step": e.self_device_time_total / steps / 1e3,
-                             "calls_per_step": e.count / steps} for e in top],
-            "top_host_ops": [{"name": e.key[:90], "ms_per_step": e.self_cpu_time_total / steps / 1e3,
-                              "calls_per_step": e.count / steps} for e in host],
-            "collective_kernel_ms_per_step": comm,
-            "wall_ms_per_step": 1e3 * wall, "gpu_kernel_ms_per_step": gpu, "nccl_kernel_ms_per_step": nccl,
-            "gpu_idle_ms_per_step": 1e3 * wall - gpu, "timings_of_last_step": {**(last := engine.step()).timings, **last.rank_timings}}, model
+    timeline = _kernel_events(prof)
+    result = {"top_kernels": [{"name": e.key[:90], "ms_per_step": e.self_device_time_total / steps / 1e3,
+                               "calls_per_step": e.count / steps} for e in top],
+              "top_host_ops": [{"name": e.key[:90], "ms_per_step": e.self_cpu_time_total / steps / 1e3,
+                                "calls_per_step": e.count / steps} for e in host],
+              "collective_kernel_ms_per_step": comm,
+              "wall_ms_per_step": 1e3 * wall, "gpu_kernel_ms_per_step": gpu, "nccl_kernel_ms_per_step": nccl,
+              "gpu_idle_ms_per_step": 1e3 * wall - gpu, "regions_ms_per_step": _regions(prof, steps),
+              **_gaps(timeline, steps),
+              **_step_start_wait(timeline, 2 * model.config.num_layers + 1 if tp > 1 else 0),
+              "timings_of_last_step": {**(last := engine.step()).timings, **last.rank_timings}}
+    result["host_python_us_per_step"] = host_functions(engine, steps)
+    del engine
+    gc.collect()
+    result["prefill"] = profile_prefill(model, out, prefills)
+    return result, model
+
+
+def host_functions(engine: Any, steps: int, top: int = 25) -> dict[str, float]:
+    """Rank 0's host time per decode step by Python function (self time, microseconds): what
+    fills the GPU's idle time between two replays (pickling, pipe writes and reads, the engine)."""
+    import re
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True) as prof:
+        for _ in range(steps):
+            engine.step()
+    self_us: dict[str, float] = {}
+    for e in prof.events():
+        if (".py(" in e.name or e.name.startswith("<built-in")) and "profiler" not in e.name:
+            name = re.sub(r" at 0x[0-9a-f]+", "", e.name)[:100]
+            self_us[name] = self_us.get(name, 0.0) + e.self_cpu_time_total / steps
+    return dict(sorted(self_us.items(), key=lambda kv: -kv[1])[:top])
+
+
+def profile_prefill(model: Any, out: Path, prompts: int, tokens: int = 128) -> dict:
+    """Rank 0's view of prefill steps (a fresh 128-token prompt each, one new token): wall time,
+    GPU kernel time, kernels and all-reduces per prefill, and the top host ops."""
+    engine = tinyinfer.Engine(model, max_num_seqs=1, detail="none")
+    rng = np.random.default_rng(2)
+    one = tinyinfer.SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+
+    def prefill(engine: Any = engine) -> float:
+        engine.add_request(rng.integers(0, model.config.vocab_size, tokens).tolist(), one)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    prefill()  # warm-up: this length's kernels and heuristics
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        walls = [prefill() for _ in range(prompts)]
+    unprofiled = [prefill() for _ in range(prompts)]
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    tp = int(model.runner.info.tensor_parallel)
+    with open(out / f"profile_tp{tp}.txt", "a") as table:  # after the decode steps' table
+        table.write(f"\n\nprefill, {prompts} prompts of {tokens} tokens:\n")
+        table.write(events.table(sort_by="self_cpu_time_total", row_limit=30))
+    host = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CPU),
+                  key=lambda e: -e.self_cpu_time_total)[:12]
+    reduces = [e for e in kernels if _region(e.key) == "all_reduce"]
+    del engine
+    gc.collect()
+    return {"tokens": tokens, "wall_ms_profiled": 1e3 * statistics.median(walls),
+            "wall_ms": 1e3 * statistics.median(unprofiled),
+            "gpu_kernel_ms": sum(e.self_device_time_total for e in kernels) / prompts / 1e3,
+            "kernels": sum(e.count for e in kernels) / prompts,
+            "all_reduce_kernel_ms": sum(e.self_device_time_total for e in reduces) / prompts / 1e3,
+            "all_reduces": sum(e.count for e in reduces) / prompts,
+            "regions_ms": {k: v for k, v in _regions(prof, prompts).items()},
+            "top_host_ops": [{"name": e.key[:90], "ms": e.self_cpu_time_total / prompts / 1e3,
+                              "calls": e.count / prompts} for e in host]}
 
 
 def command_exit(command: list[str], out: Path, name: str, timeout: float = 240) -> dict:
     """Run a command; how long after its last line of output it took to exit, and whether its
-    stderr shows a leak, an abort or a traceback. Its output goes to OUT/NAME.log."""
+    stderr shows a leak, an abort or a traceback. Its output goes to OUT/NAME.log and
+    OUT/NAME.stderr.log."""
     import signal
     import subprocess
 
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    # Both streams go to disk as they come (stdout with the seconds since the start), so a run
+    # cut short at its time limit still shows how far it got.
+    log, err_log = out / f"{name}.log", out / f"{name}.stderr.log"
+    with open(err_log, "w") as err_file:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err_file, text=True,
+                                start_new_session=True)
     lines, last = [], time.monotonic()
     start = last
     assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        last = time.monotonic()
-        if last - start > timeout:
-            break
+    with open(log, "w") as out_file:
+        for line in proc.stdout:
+            out_file.write(f"{time.monotonic() - start:7.1f} s  {line}")
+            out_file.flush()
+            lines.append(line)
+            last = time.monotonic()
+            if last - start > timeout:
+                break
     try:
         code = proc.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         code = None
     exited = time.monotonic()
-    err = proc.stderr.read() if proc.stderr is not None else ""
-    (out / f"{name}.log").write_text("".join(lines) + "\n--- stderr ---\n" + err)
+    err = err_log.read_text(errors="replace")
     return {"command": " ".join(command), "returncode": code, "seconds": round(exited - start, 1),
             "exit_after_output_s": round(exited - last, 2), "stdout_tail": "".join(lines[-6:]),
             "leaked_semaphores": "leaked semaphore" in err, "fatal": "Fatal Python error" in err,
@@ -449,6 +602,8 @@ def stages(out: Path) -> dict[str, Callable[[], tuple[Any, Any]]]:
                 world, out, profile_steps=20, **({} if world == 1 else {"all_reduce": kind}))
             table[f"8b_tp{world}_{kind}_batch32"] = lambda world=world, kind=kind: scaling(
                 world, out, batch=32, **({} if world == 1 else {"all_reduce": kind}))
+            table[f"8b_tp{world}_{kind}_profile_batch32"] = lambda world=world, kind=kind: scaling(
+                world, out, profile_steps=20, batch=32, **({} if world == 1 else {"all_reduce": kind}))
             table[f"cli_tp{world}_{kind}"] = lambda world=world, kind=kind: cli_latency(
                 world, out, *(() if world == 1 else ("--all-reduce", kind)))
             table[f"cli_tp{world}_{kind}_torchrun"] = lambda world=world, kind=kind: cli_latency(
@@ -457,6 +612,7 @@ def stages(out: Path) -> dict[str, Callable[[], tuple[Any, Any]]]:
         table[f"cli_tp{world}"] = lambda world=world: cli_latency(world, out)  # the defaults
         table[f"8b_tp{world}_batch32"] = lambda world=world: scaling(world, out, batch=32)
     table["8b_tp2_nccl_timed"] = lambda: scaling(2, out, time_collectives=True)
+    table["70b_tp4_symm_mem"] = lambda: scaling(4, out, shape="llama-2-70b", all_reduce="symm_mem")
     table["bundled_tp2_symm_mem"] = lambda: bundled_tp2(compile=False, all_reduce="symm_mem")
     for world in (2, 4):
         table[f"gqa_tp{world}_symm_mem_float32"] = lambda world=world: gqa(

@@ -2,13 +2,14 @@
 # Tensor-parallel scaling on a 4-GPU host, in one call: stages of tp_gpu_check.py, two at a
 # time where they use disjoint GPUs (CUDA_VISIBLE_DEVICES), each under a time limit.
 #   bash scripts/tp_scaling.sh OUT_DIR explore   # variants, profiles, correctness, all-reduce sweeps
-#   bash scripts/tp_scaling.sh OUT_DIR final     # TP=1/2/4 through the CLI, and gpt-fast beside it
+#   bash scripts/tp_scaling.sh OUT_DIR final     # TP=1/2/4 with profiles, gpt-fast at TP=2/4 beside them
+#   bash scripts/tp_scaling.sh OUT_DIR extras    # TP=1 alone, batch 32 and the 70B at TP=4, symm_mem checks
 # Needs tinyinfer's dependencies importable (and, for gpt-fast, GPT_FAST=a checkout; for the
 # gqa stages, transformers with its own regex: don't shadow it with an older regex wheel).
 # Results: OUT_DIR/summary.json (every group's tp_gpu_check.json, by group), OUT_DIR/logs.txt and
 # the profiles' kernel tables (the device machine returns only a few files).
-out=${1:?usage: tp_scaling.sh OUT_DIR explore|final}
-mode=${2:?usage: tp_scaling.sh OUT_DIR explore|final}
+out=${1:?usage: tp_scaling.sh OUT_DIR explore|final|extras}
+mode=${2:?usage: tp_scaling.sh OUT_DIR explore|final|extras}
 here=$(cd "$(dirname "$0")" && pwd)
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -16,11 +17,12 @@ start=$SECONDS
 work=$(mktemp -d)
 
 # group GPUS LIMIT STAGE...: the stages one after another on those GPUs, output in OUT/<first stage>
+# (CPUS=list: on those CPU cores only, so that stages side by side do not share cores)
 group() {
   local gpus=$1 limit=$2; shift 2
   local dir="$work/$1"
   mkdir -p "$dir"
-  CUDA_VISIBLE_DEVICES=$gpus timeout -s ABRT "$limit" \
+  CUDA_VISIBLE_DEVICES=$gpus timeout -s ABRT "$limit" ${CPUS:+taskset -c "$CPUS"} \
     python3 "$here/tp_gpu_check.py" --out "$dir" "$@" > "$dir/log.txt" 2>&1
   echo "=== $* on GPUs $gpus: exit $? at $((SECONDS - start)) s"
   collect
@@ -80,15 +82,24 @@ if [ "$mode" = explore ]; then
   group 0,1,2,3 90 8b_tp4_symm_mem_batch32
   group 0,1,2,3 60 gqa_tp4_symm_mem_float32 all_reduce_tp4_small all_reduce_tp2_small all_reduce_tp4_LL
   group 0,1,2,3 60 8b_tp4_nccl
+elif [ "$mode" = final ]; then
+  # gpt-fast at TP=2 (GPUs 0,1; its compile on cores of its own) beside ours at TP=2 and TP=1
+  # (GPUs 2,3), then gpt-fast at TP=4, then ours at TP=4; gpt-fast compiles for more than 145 s
+  # a size, so this takes a call of its own: about 590 s
+  cores=$(nproc)
+  CPUS=0-$((cores * 5 / 8 - 1)) group 0,1 240 gpt_fast_tp2 &
+  (export CPUS=$((cores * 5 / 8))-$((cores - 1))
+   group 2,3 90 8b_tp2_symm_mem_profile; group 2 60 8b_tp1_symm_mem_profile) &
+  wait
+  group 0,1,2,3 240 gpt_fast_tp4
+  group 0,1,2,3 100 8b_tp4_symm_mem_profile
 else
-  # ours first (the CLI as users run it: defaults, exit time), then gpt-fast, whose compile
-  # takes 100-200 s a size; about 600 s in all
-  group 0 60 cli_tp1 & group 2,3 60 bundled_tp2_symm_mem & wait
-  group 0,1 70 cli_tp2
-  group 0,1,2,3 80 8b_tp4_batch32
-  group 0,1,2,3 200 gpt_fast_tp4
-  group 0,1 170 gpt_fast_tp2
-  group 0 120 gpt_fast_tp1
+  # the rest of the table, each alone on the host: TP=1 (its TTFT with no neighbour), batch 32
+  # at TP=4, the 70B shape at TP=4, the one-shot all-reduce against one GPU; about 420 s
+  group 0 70 8b_tp1_symm_mem
+  group 0,1,2,3 120 8b_tp4_symm_mem_batch32
+  group 0,1,2,3 150 70b_tp4_symm_mem
+  group 0,1,2,3 80 bundled_tp2_symm_mem gqa_tp4_symm_mem_float32
 fi
 echo "=== done in $((SECONDS - start)) s"
 cat "$out/table.txt"

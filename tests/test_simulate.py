@@ -495,6 +495,30 @@ def test_tp_calibration_says_what_is_wrong_with_a_bad_file(tmp_path):
         load_recorded(tmp_path / "one.json")
 
 
+RECORDED_TP_PROFILED = Path(__file__).resolve().parents[1] / "docs/tp_scaling_2026-11-26-h100x4-final.json"
+
+
+def test_tp_calibration_takes_profiled_runs_whose_collectives_were_untimed(capsys):
+    """The engine's default runs time no collectives: a profile stage's collective kernel time is
+    their all-reduce time, its median all-reduce kernel the wire (no sweep was recorded), and the
+    preset keeps its bandwidth (8 KB messages say nothing about it)."""
+    from tinyinfer.simulate.calibrate_tp import calibrate_recorded
+
+    raw = json.loads(RECORDED_TP_PROFILED.read_text())
+    cal = calibrate_recorded(RECORDED_TP_PROFILED)
+    assert [(r.label, r.fit) for r in cal.recorded.runs] == [
+        ("llama-3-8b TP=1", True), ("llama-3-8b TP=2", True), ("llama-3-8b TP=4", True)]
+    tp2 = raw["8b_tp2_symm_mem_profile"]
+    assert cal.recorded.runs[1].comm == tp2["profile"]["collective_kernel_ms_per_step"] / 1e3
+    assert {(p.gpus, p.nbytes) for p in cal.recorded.sweep} == {(2, 8192), (4, 8192)}
+    assert cal.hardware.link_bandwidth == HARDWARE["h100-sxm"].link_bandwidth
+    assert cal.efficiency.collective_overhead > 0
+    for c in cal.comparisons:
+        assert abs(c.error) < 0.05, c
+    out = run_cli(["--calibrate", str(RECORDED_TP_PROFILED)], capsys)
+    assert "no message of 1 MiB or more was timed" in out and "--collective-overhead-us" in out
+
+
 @pytest.mark.parametrize("preset", ["llama-2-7b", "llama-3-8b", "gpt2"])
 def test_simulated_weight_memory_equals_the_quantizers_byte_count(preset):
     # The simulator estimates from parameter counts (config only); the weight-memory table

@@ -3,12 +3,14 @@
 ``scripts/tp_gpu_check.py`` records, on a machine with several GPUs, one NCCL all-reduce by
 message size (TP=2 and TP=4, replayed from a CUDA graph) and batch-1 decode through the engine
 (one model at TP=1, 2 and 4, a bigger one sharded only), with the time each decode step spent in
-all-reduces. This module reads that JSON — it runs nothing — and fits, with formulas the
-simulator then shows:
+all-reduces: timed with CUDA events, or — collectives untimed, as the engine runs by default —
+rank 0's collective kernel time per step from a profile stage (``..._tp<N>[_kind]_profile...``),
+whose median all-reduce kernel then stands in for the wire where no sweep was recorded. This
+module reads that JSON — it runs nothing — and fits, with formulas the simulator then shows:
 
 1. the wire (hardware): ``all_reduce_latency = link_latency + 2 (gpus - 1) link_hop_latency``
    through each device count's smallest message, and ``link_bandwidth`` = the mean NCCL bus
-   bandwidth of the largest message;
+   bandwidth of the largest message (the preset's where no message of 1 MiB or more was timed);
 2. this engine, on the model that also ran on one GPU: ``bandwidth_efficiency`` = recorded copy
    bandwidth ÷ datasheet; ``step_overhead`` = its TP=1 TPOT − its roofline; then by least
    squares over its sharded runs ``all_reduce_wait`` (all-reduce time per step − the wire =
@@ -117,9 +119,11 @@ class TPCalibration:
 def load_recorded(path: str | Path) -> Recorded:
     """The all-reduce sweeps and the CUDA-graph decode runs of a tp_gpu_check.py JSON file.
 
-    Runs that failed, ran without CUDA graphs or without timing their collectives, or are a
-    variant stage (``llama3_8b_tp2_untimed``, ``..._no_mixing``: a different engine) are left
-    out; runs of a model that also ran on one GPU are marked for fitting, the others held out.
+    Runs that failed, ran without CUDA graphs, have no all-reduce time (collectives untimed and
+    no profile), or are a variant stage (``llama3_8b_tp2_untimed``, ``..._no_mixing``: a
+    different engine) are left out; runs of a model that also ran on one GPU are marked for
+    fitting, the others held out. Without a sweep, the profiled runs' median all-reduce kernel
+    (one message of the model's hidden state) is the wire.
     """
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -130,10 +134,14 @@ def load_recorded(path: str | Path) -> Recorded:
                       for key, value in data.items() if re.fullmatch(r"all_reduce_tp\d+", key)
                       and isinstance(value, (list, dict))
                       for row in (value["sizes"] if isinstance(value, dict) else value))
-        runs = [_decode_run(value) for key, value in data.items()
-                if re.fullmatch(r"\w+_tp\d+", key)  # the default engine, not a variant stage
-                and isinstance(value, dict) and "tpot_p50_ms" in value
-                and value["runner"].get("cuda_graphs") and value["runner"].get("time_collectives", True)]
+        recorded = [(value, comm) for key, value in data.items()
+                    if (comm := _all_reduce_ms(key, value)) is not None]
+        runs = [_decode_run(value, comm) for value, comm in recorded]
+        if not sweep:
+            sweep = tuple(AllReduceTime(run.gpus, run.model.config.hidden_size * 2,
+                                        value["profile"]["median_all_reduce_us"] * 1e-6)
+                          for run, (value, _) in zip(runs, recorded)
+                          if run.gpus > 1 and "median_all_reduce_us" in value.get("profile", {}))
         device = f"{data['gpus']} x {data['device']}"
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SimulationError(f"cannot read recorded tensor-parallel runs from {path} ({exc!r}): give the "
@@ -147,10 +155,24 @@ def load_recorded(path: str | Path) -> Recorded:
     return Recorded(str(path), device, str(data.get("date", "undated")), sweep, tuple(runs))
 
 
-def _decode_run(value: dict) -> DecodeRun:
+def _all_reduce_ms(key: str, value: object) -> float | None:
+    """A default-engine decode run's all-reduce ms per step: its timed collectives, or (untimed)
+    its profile's collective kernel time on rank 0; None for anything else."""
+    if not (isinstance(value, dict) and "tpot_p50_ms" in value and value["runner"].get("cuda_graphs")):
+        return None
+    if re.fullmatch(r"\w+_tp\d+", key) and value["runner"].get("time_collectives", True):
+        return float(value["all_reduce_ms"])
+    profile = value.get("profile")
+    if (re.fullmatch(r"\w+_tp\d+(_nccl|_symm_mem)?_profile\w*", key) and isinstance(profile, dict)
+            and "collective_kernel_ms_per_step" in profile):
+        return float(profile["collective_kernel_ms_per_step"])
+    return None
+
+
+def _decode_run(value: dict, all_reduce_ms: float) -> DecodeRun:
     return DecodeRun(model_preset(value["label"].split(" / ")[0]), int(value["tensor_parallel"]),
                      PRECISIONS[value["runner"]["dtype"]], int(value["prompt_tokens"]),
-                     int(value["decode_tokens"]), value["tpot_p50_ms"] / 1e3, value["all_reduce_ms"] / 1e3,
+                     int(value["decode_tokens"]), value["tpot_p50_ms"] / 1e3, all_reduce_ms / 1e3,
                      value["bandwidth"])
 
 
@@ -167,15 +189,20 @@ def fit_link(hardware: Hardware, recorded: Recorded) -> Hardware:
 
     Latency: least squares of ``link_latency + 2 (gpus - 1) link_hop_latency`` through each
     device count's smallest message (exact for two counts; one count gives no hop latency).
-    Bandwidth: the mean over device counts of the largest message's bus bandwidth.
+    Bandwidth: the mean over device counts of the largest message's bus bandwidth, where it is
+    1 MiB or more (a few KB time the latency, not the bandwidth: the preset's is kept).
     """
     counts = sorted({p.gpus for p in recorded.sweep})
     smallest = [min((p for p in recorded.sweep if p.gpus == g), key=lambda p: p.nbytes) for g in counts]
     largest = [max((p for p in recorded.sweep if p.gpus == g), key=lambda p: p.nbytes) for g in counts]
     latency, hop = nnls([[1, 2 * (g - 1)] for g in counts], [p.seconds for p in smallest])
+    if min(p.nbytes for p in largest) >= 1 << 20:
+        bandwidth, source = statistics.mean(p.bus_bandwidth for p in largest), f"fitted to {recorded.path}"
+    else:
+        bandwidth = hardware.link_bandwidth
+        source = f"latency fitted to {recorded.path}, bandwidth the preset's"
     return dataclasses.replace(hardware, link_latency=latency, link_hop_latency=hop,
-                               link_bandwidth=statistics.mean(p.bus_bandwidth for p in largest),
-                               link_source=f"fitted to {recorded.path}")
+                               link_bandwidth=bandwidth, link_source=source)
 
 
 def predict_all_reduce(hardware: Hardware, gpus: int, nbytes: int) -> float:
@@ -259,6 +286,12 @@ def _sweep_lines(sweep: tuple[tuple[AllReduceTime, float], ...]) -> list[str]:
     return lines
 
 
+def _bandwidth_source(hw: Hardware) -> str:
+    if hw.link_source.endswith("bandwidth the preset's"):
+        return "the preset's: no message of 1 MiB or more was timed"
+    return "mean bus bandwidth of the largest message"
+
+
 def _preset_link_note(hw: Hardware) -> str:
     """Whether `simulate --hardware NAME` uses this fit, or its preset still holds other link constants."""
     preset = HARDWARE[hw.name]
@@ -275,7 +308,7 @@ def tensor_parallel_report(cal: TPCalibration) -> str:
         f"recorded     {cal.recorded.device}, {cal.recorded.date} ({cal.recorded.path})",
         f"wire         all_reduce_latency = {format_value(hw.link_latency, 's')} + 2 × (gpus − 1) × "
         f"{format_value(hw.link_hop_latency, 's')}; link_bandwidth = {format_value(hw.link_bandwidth, 'B/s')} "
-        f"(mean bus bandwidth of the largest message); {_preset_link_note(hw)}",
+        f"({_bandwidth_source(hw)}); {_preset_link_note(hw)}",
         *_sweep_lines(cal.sweep),
         f"this engine  bandwidth efficiency {e.bandwidth:.3f} (copy ÷ datasheet), step overhead "
         f"{format_value(e.step_overhead, 's')} (TP=1), all-reduce wait {1e6 * e.all_reduce_wait:.3f} µs × "

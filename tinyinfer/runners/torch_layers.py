@@ -333,9 +333,10 @@ def prefill_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, k_cach
     group = q.shape[1] // keys.shape[1]
     keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [H, N, hd]
     values = values.repeat_interleave(group, dim=1).transpose(0, 1)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask,
-                                         is_causal=mask is None)
-    return out.transpose(0, 1)  # [Tq, H, hd]
+    # 4-D (a batch of one): the fused flash / memory-efficient kernels take no 3-D inputs
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None], values[None],
+                                         attn_mask=mask, is_causal=mask is None)
+    return out[0].transpose(0, 1)  # [Tq, H, hd]
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ bf16 buffer (one pass: the codes in, two bytes a weight out) and multiplied by `
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -117,16 +119,16 @@ def _buffer(device: torch.device, dtype: torch.dtype) -> Tensor:
     return _buffers[key]
 
 
-def _chunked(x: Tensor, n: int, k: int, row_multiple: int, fill) -> Tensor:
-    """x W^T with W [n, k] dequantized by ``fill(buffer [rows, k], first_row, rows)`` in chunks of
-    rows that fit the buffer (a multiple of ``row_multiple``)."""
+def _chunked(x: Tensor, n: int, k: int, row_multiple: int, fill: Callable[[Tensor, int], None]) -> Tensor:
+    """x W^T with W [n, k] dequantized by ``fill(buffer [rows, k], first_row)`` in chunks of rows
+    that fit the buffer (a multiple of ``row_multiple``)."""
     buffer = _buffer(x.device, x.dtype)
     step = max(row_multiple, CHUNK // k // row_multiple * row_multiple)
     outs = []
     for first in range(0, n, step):
         rows = min(step, n - first)
         w = buffer[:rows * k].view(rows, k)
-        fill(w, first, rows)
+        fill(w, first)
         outs.append(F.linear(x, w))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
@@ -159,9 +161,9 @@ def dequantize_int4pack_into(out: Tensor, packed: Tensor, scales_and_zeros: Tens
 
 def int4pack_tile_map(device: torch.device, inner_k_tiles: int) -> Tensor:
     """Where torch's CUDA int4 packer puts the weights of a tile row: int32 [16 * inner_k_tiles],
-    column c at nibble map[c] % 8 of the row's word map[c] // 8. Found by packing one tile three times,
-    its nibbles spelling out each weight's position in base 16; cached per device. Refused (a
-    RuntimeError) unless each row's nibbles fill words of their own, in one order for every row."""
+    column c at nibble map[c] % 8 of the row's word map[c] // 8. Found by packing one tile three
+    times, its nibbles spelling out each weight's position in base 16; cached per device. Refused
+    (a RuntimeError) unless each row's nibbles fill words of their own, in one order for every row."""
     key = (device, inner_k_tiles)
     if key not in _tile_maps:
         tile_k = 16 * inner_k_tiles
@@ -187,7 +189,7 @@ def dequant_matmul(x: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | N
                    group_size: int, zero: int) -> Tensor:
     """x W^T, W a ``KernelWeight`` dequantized to x's dtype in the buffer.  x: [M, K] -> [M, N]."""
     n, k = words.shape[0], words.shape[1] * PER_WORD[bits]
-    return _chunked(x, n, k, 16, lambda out, first, rows: dequantize_words_into(
+    return _chunked(x, n, k, 16, lambda out, first: dequantize_words_into(
         out, words, scales, offsets, bits, group_size, zero, first))
 
 
@@ -202,7 +204,7 @@ def dequant_matmul_int4pack(x: Tensor, packed: Tensor, scales_and_zeros: Tensor,
                             tile_map: Tensor) -> Tensor:
     """x W^T, W in torch's CUDA int4 layout, dequantized to x's dtype in the buffer."""
     n, k = packed.shape[0] * TILE_ROWS, packed.shape[1] * tile_map.shape[0]
-    return _chunked(x, n, k, 32, lambda out, first, rows: dequantize_int4pack_into(
+    return _chunked(x, n, k, 32, lambda out, first: dequantize_int4pack_into(
         out, packed, scales_and_zeros, group_size, tile_map, first))
 
 

@@ -218,3 +218,74 @@ def test_tiles_split_k_until_the_processors_have_work_and_not_past_two_steps_a_s
     assert qk.pick_config(2, 4096, 4096, 4, 132).dot is False  # int4: a program per row
     assert qk.pick_config(2, 4096, 4096, 8, 132).dot and qk.pick_config(300, 4096, 4096, 8, 132).dot
     assert qk.rows_per_tile(300, qk.pick_config(300, 4096, 4096, 8, 132)) == qk.MAX_ROWS_PER_TILE
+
+
+PREFILL_INTERPRETED = """
+import numpy as np, torch
+from tinyinfer.quant import QuantConfig, quantize, dequantize
+from tinyinfer.runners import torch_layers as layers, torch_quant_prefill as qp
+rng = np.random.default_rng(0)
+# words: every format's weight bit for bit, and the product through buffer chunks of 32 rows
+qp.CHUNK = 32 * 384
+for fmt, shape in [("int4-g32", (24, 128)), ("int4-g64-asym", (40, 256)), ("int4-g32-min", (17, 96)),
+                   ("int8", (70, 160)), ("int8-g32", (33, 128)), ("int4-g128", (100, 384))]:
+    qw = quantize(rng.standard_normal(shape).astype(np.float32), QuantConfig.parse(fmt))
+    w = layers.kernel_weight(qw, torch.device("cpu"))
+    out = torch.full(shape, float("nan"))
+    qp.dequantize_words_into(out, w.words, w.scales, w.offsets, w.bits, w.group_size, w.zero)
+    assert np.array_equal(out.numpy(), dequantize(qw)), fmt
+    x = rng.standard_normal((layers.DEQUANT_ROWS, shape[1])).astype(np.float32)
+    y = layers.linear(torch.from_numpy(x), w, None).numpy()
+    ref = x.astype(np.float64) @ dequantize(qw).astype(np.float64).T
+    assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-5, fmt
+# torch's tiled int4 layout (each tile row's nibbles in words of their own), here with a made-up
+# order of the columns (the real one is torch's packer's, found on the GPU): every nibble must
+# land at its column, with its group's scale and zero
+for tile_k, group in ((32, 32), (64, 32), (128, 128), (128, 256)):
+    n, k = 48, 256
+    nibbles = rng.integers(0, 16, (n, k))
+    columns = rng.permutation(tile_k)  # nibble j of a row's word q is column columns[8 q + j]
+    tiles = nibbles.reshape(n // 8, 8, k // tile_k, tile_k).transpose(0, 2, 1, 3)  # [N/8, K tiles, 8, tile_k]
+    held = tiles[..., columns].reshape(n // 8, k // tile_k, 8, tile_k // 8, 8)
+    words = (held << (4 * np.arange(8))).sum(-1).reshape(n // 8, k // tile_k, tile_k)
+    packed = torch.from_numpy(words.astype(np.uint32).view(np.int32))
+    sz = torch.from_numpy(rng.standard_normal((k // group, n, 2)).astype(np.float32))
+    out = torch.full((40, k), float("nan"))
+    tile_map = torch.from_numpy(np.argsort(columns).astype(np.int32))  # column c: nibble tile_map[c] of the row
+    qp.dequantize_int4pack_into(out, packed, sz, group, tile_map, first_row=8)
+    g = np.arange(k) // group
+    want = (nibbles - 8).astype(np.float32) * sz[g, :, 0].numpy().T + sz[g, :, 1].numpy().T  # float32
+    assert np.array_equal(out.numpy(), want[8:48]), (tile_k, group)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="triton is not installed; scripts/gpu_quant_prefill.py runs the kernels on a GPU")
+def test_prefill_dequantizes_exactly_in_the_interpreter():
+    """Many rows: the dequantize kernels give the reference's weights bit for bit (words) and put
+    each nibble of torch's tiled layout where the tile map says; the product through buffer chunks
+    is within 1e-5 of x @ dequantize(W)^T (float32, Triton's CPU interpreter)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", PREFILL_INTERPRETED], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("fmt", ["int8", "int4-g128", "int4-g32-asym", "int4-g64-min"])
+@pytest.mark.parametrize("kernel", ["auto", "triton"])
+def test_prefill_rows_dequantize_then_multiply_on_the_gpu(fmt, kernel):
+    """From DEQUANT_ROWS (INT4PACK_DEQUANT_ROWS) rows on, both layouts (words, torch's tiled int4) go through the bf16
+    buffer: within 1e-2 (relative norm) of the float64 product, rows past one buffer chunk too."""
+    from tinyinfer.runners import torch_quant_prefill as qp
+
+    qw = weight(fmt, (qp.CHUNK // 2048 + 200, 2048))
+    w = layers.device_weight(qw, torch.device("cuda"), torch.bfloat16, kernel=kernel)
+    assert isinstance(w, layers.KernelWeight) or w.tile_map is not None
+    rows = layers.DEQUANT_ROWS if isinstance(w, layers.KernelWeight) else layers.INT4PACK_DEQUANT_ROWS
+    x = torch.randn((rows + 3, 2048), device="cuda", dtype=torch.bfloat16)
+    ref = x.double() @ torch.from_numpy(dequantize(qw)).cuda().double().T
+    assert float((layers.linear(x, w, None).double() - ref).norm() / ref.norm()) < 1e-2

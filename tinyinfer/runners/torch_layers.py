@@ -38,6 +38,7 @@ class Int4Weight:
     packed: Tensor  # kernel layout, made by torch._convert_weight_to_int4pack(_for_cpu)
     scales_and_zeros: Tensor  # [groups, out, 2]: weight = (nibble - 8) * scale + zero
     group_size: int
+    tile_map: Tensor | None = None  # CUDA, Triton at hand: where a tile's weights sit, for prefill
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,15 @@ class KernelWeight:
 
 QuantWeight = Int8Weight | Int4Weight | GroupWeight | KernelWeight
 
+# From this many rows of x (prefill chunks, large batches), a quantized weight is dequantized into
+# a bf16 buffer and multiplied by cuBLAS (``torch_quant_prefill``). Measured on an H100
+# (docs/quantization.md): the Triton kernels' words break even with it between 128 and 256 rows (a
+# layer of the 8B shape at 128 rows: 406 us by the kernels, 433 us dequantized; at 256: 705
+# against 462); torch's tiled int4 (CUDA) at about 64 (978 us by torch's kernel against 968 for a
+# first dequantize kernel, which the one kept beats by a fifth: 768 against 991 us at 128 rows).
+DEQUANT_ROWS = 256  # KernelWeight
+INT4PACK_DEQUANT_ROWS = 64  # Int4Weight with a tile map
+
 
 def linear(x: Tensor, weight: Tensor | QuantWeight, bias: Tensor | None) -> Tensor:
     """y = x W^T + b.  x: [T, in], weight: [out, in] (or a quantized one) -> [T, out]."""
@@ -79,6 +89,12 @@ def linear(x: Tensor, weight: Tensor | QuantWeight, bias: Tensor | None) -> Tens
 def quantized_matmul(x: Tensor, w: QuantWeight) -> Tensor:
     """x W^T with W stored in int8 / int4: the Triton kernels for a KernelWeight, else torch's
     weight-only kernels where they apply.  x: [T, in]."""
+    rows = x.shape[0]
+    if isinstance(w, KernelWeight) and rows >= DEQUANT_ROWS:
+        return torch.ops.tinyinfer.dequant_matmul(x, w.words, w.scales, w.offsets, w.bits, w.group_size, w.zero)
+    if isinstance(w, Int4Weight) and w.tile_map is not None and rows >= INT4PACK_DEQUANT_ROWS:
+        return torch.ops.tinyinfer.dequant_matmul_int4pack(x, w.packed, w.scales_and_zeros, w.group_size,
+                                                           w.tile_map)
     if isinstance(w, KernelWeight):
         xg, xsum = kernel_inputs(x, w.bits)
         return torch.ops.tinyinfer.quant_matmul(xg, xsum, w.words, w.scales, w.offsets, w.bits,
@@ -127,7 +143,7 @@ def int4_kernel_fits(out: int, n: int, group_size: int, device: torch.device, dt
 
 def kernel_weight(qw: QuantizedWeight, device: torch.device) -> KernelWeight:
     """A quantized weight in the Triton kernels' layout (registers their operator on first use)."""
-    from tinyinfer.runners import torch_quant_kernel  # noqa: F401  (torch.ops.tinyinfer.quant_matmul)
+    from tinyinfer.runners import torch_quant_kernel, torch_quant_prefill  # noqa: F401  (their operators)
 
     def to_device(array: np.ndarray | None) -> Tensor | None:
         return None if array is None else torch.from_numpy(np.require(array, requirements=["C", "W"])).to(device)
@@ -169,6 +185,11 @@ def device_weight(qw: QuantizedWeight, device: torch.device, dtype: torch.dtype,
         inner_k_tiles = 8 if n % 128 == 0 else 4 if n % 64 == 0 else 2
         swapped = ((packed & 0x0F) << 4) | (packed >> 4)  # the CUDA kernel wants the even column high
         tiled = torch._convert_weight_to_int4pack(swapped.contiguous(), inner_k_tiles)
+        if kernel != "torch":  # prefill dequantizes through the Triton kernel's map of the tiles
+            from tinyinfer.runners import torch_quant_prefill
+
+            tile_map = torch_quant_prefill.int4pack_tile_map(device, inner_k_tiles)
+            return Int4Weight(tiled, scales_and_zeros, qw.group_size, tile_map)
     return Int4Weight(tiled, scales_and_zeros, qw.group_size)
 
 

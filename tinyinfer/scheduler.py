@@ -66,7 +66,7 @@ class Sequence:
 class Chunk(NamedTuple):
     """Positions [start, end) of a sequence to compute this step.
 
-    A named tuple, immutable like a frozen dataclass but three times cheaper to make: the
+    A named tuple: immutable like a frozen dataclass, at half the cost to make, and the
     scheduler makes one per running sequence per step."""
 
     seq: Sequence

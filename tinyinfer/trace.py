@@ -34,7 +34,7 @@ class SeqStep:
     cached_tokens: int = 0  # prompt tokens skipped thanks to the prefix cache (on admission)
     token_ids: tuple[int, ...] = ()  # the ids at positions [start, end) fed to the model
     token_id: int | None = None  # the sampled token, if this chunk reached the end
-    token_text: str = ""  # detail "none": only for a request with stop strings (Engine.completion has all)
+    token_text: str = ""  # its text; at detail "none" only where the request has stop strings
     logprob: float | None = None
     token_prob: float | None = None  # its probability after the request's sampling filters
     candidates: tuple[Candidate, ...] = ()

@@ -299,3 +299,38 @@ def test_traces_announce_requests_and_describe_each_token_once(text_model_folder
     quiet = tinyinfer.Engine(m, detail="none")
     quiet.add_request("To be", params)
     assert not quiet.step().token_texts and not quiet.step().requests
+
+
+def test_text_decoded_when_read_equals_text_decoded_at_every_step(text_model_folder):
+    # At detail "none" a request without stop strings leaves its tokens to the decoder until
+    # its text is read: completions, streams and stop strings must come out exactly the same.
+    m = tinyinfer.load(text_model_folder)
+    plain = tinyinfer.SamplingParams(temperature=0.9, seed=5, max_tokens=40, ignore_eos=True)
+    reference = tinyinfer.Engine(m).generate("To be, or not to be", plain)[0].text
+    stop = reference[len(reference) // 2:][:3]
+    params = [plain, tinyinfer.SamplingParams(temperature=0.9, seed=5, max_tokens=40, stop=[stop]),
+              tinyinfer.SamplingParams(temperature=1.5, seed=6, max_tokens=40)]
+
+    def run(detail: str, stream: bool):
+        engine = tinyinfer.Engine(m, detail=detail)
+        ids = [engine.add_request("To be, or not to be", p) for p in params]
+        streamed = dict.fromkeys(ids, "")
+        texts = []
+        while engine.has_unfinished():
+            texts += [(s.request_id, s.token_text) for s in engine.step().seqs if s.token_id is not None]
+            for i in ids if stream else ():
+                streamed[i] += engine.stream_text(i)
+        tails = {i: engine.stream_text(i) for i in ids}
+        done = [engine.release(i) for i in ids]
+        if stream:
+            assert [streamed[i] + tails[i] for i in ids] == [d.text for d in done]
+        return [(d.text, d.token_ids, d.finish_reason) for d in done], texts
+
+    eager, per_token = run("basic", stream=False)
+    assert run("basic", stream=True) == (eager, per_token)
+    assert eager[0][0] == reference and eager[1][2] == "stop" and stop in reference
+    for stream in (False, True):
+        lazy, lazy_per_token = run("none", stream)
+        assert lazy == eager
+        # the trace's token texts: only for the request with stop strings
+        assert lazy_per_token == [(r, t if r == "req-1" else "") for r, t in per_token]

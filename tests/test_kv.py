@@ -46,6 +46,18 @@ def test_ensure_capacity_allocates_only_missing_pages():
     pool.check()
 
 
+def test_pages_are_handed_out_as_a_tuple_that_later_growth_leaves_alone():
+    pool = PagePool(num_pages=8, page_size=4)
+    pool.add_sequence(1, [1, 2, 3])
+    pool.ensure_capacity(1, 8)
+    before = pool.pages(1)
+    assert before == (0, 1) and pool.pages(1) is before  # no copy per call
+    pool.ensure_capacity(1, 9)
+    assert before == (0, 1) and pool.pages(1) == (0, 1, 2)
+    pool.truncate(1, 4)
+    assert pool.pages(1) == (0,)
+
+
 def test_slot_maps_positions_through_the_block_table():
     pool = PagePool(num_pages=8, page_size=4)
     pool.add_sequence(7, [5])
@@ -478,6 +490,7 @@ class PoolMachine(RuleBasedStateMachine):
         assert snap.num_used == sum(1 for r in self.refs() if r)
         for seq_id, tokens in self.tokens.items():
             assert self.pool.page_table(seq_id) == self.tables[seq_id]
+            assert self.pool.pages(seq_id) == tuple(self.tables[seq_id])
             assert self.pool.num_tokens(seq_id) == len(tokens)
             assert [self.store[self.pool.slot(seq_id, p)] for p in range(len(tokens))] == tokens
 

@@ -107,11 +107,19 @@ class _Request:
     seq: Sequence
     decoder: IncrementalDecoder | None
     metrics: RequestMetrics
-    text: str = ""
+    text: str = ""  # up to the last token the decoder has read (see settle)
+    unread: list[int] = field(default_factory=list)  # sampled ids the decoder has not read yet
     streamed: int = 0  # characters of text already handed to a stream
     choices: list[TokenChoice] = field(default_factory=list)
     holdback: StopHoldback | None = None  # for streaming: how much text could begin a stop
     error: str | None = None
+
+    def settle(self) -> str:
+        """The request's text so far: the decoder reads the ids it has not read yet first."""
+        if self.unread:
+            self.text += "".join(map(self.decoder.push, self.unread))
+            self.unread.clear()
+        return self.text
 
 
 class Engine:
@@ -227,7 +235,7 @@ class Engine:
             request_id=request_id,
             prompt_ids=list(r.seq.prompt_ids),
             token_ids=list(r.seq.output_ids),
-            text=r.text,
+            text=r.settle(),
             finish_reason=r.seq.finish_reason,
             logprobs=[c.logprob for c in r.choices],
             top_logprobs=[c.top_logprobs for c in r.choices],
@@ -405,7 +413,7 @@ class Engine:
             tokens = c.seq.all_ids[c.start:c.end]  # a new list
             if draft is not None:
                 tokens += draft.tokens
-            entries.append((tokens, c.start, self.pool.page_table(c.seq.seq_id), draft is not None))
+            entries.append((tokens, c.start, self.pool.pages(c.seq.seq_id), draft is not None))
             n_rows = len(tokens) if draft else 1
             rows.append(slice(row, row + n_rows))
             row += n_rows
@@ -417,9 +425,9 @@ class Engine:
         if chunk.cached_tokens:
             request.metrics.cached_tokens = chunk.cached_tokens
         request.metrics.num_preemptions = seq.num_preemptions
-        return dict(seq_id=seq.seq_id, request_id=seq.request_id, kind=chunk.kind,
-                    start=chunk.start, end=chunk.end, cached_tokens=chunk.cached_tokens,
-                    token_ids=tuple(seq.all_ids[chunk.start:chunk.end]))
+        return {"seq_id": seq.seq_id, "request_id": seq.request_id, "kind": chunk.kind,
+                "start": chunk.start, "end": chunk.end, "cached_tokens": chunk.cached_tokens,
+                "token_ids": tuple(seq.all_ids[chunk.start:chunk.end])}
 
     def _sampler(self, seq: Sequence, logits: np.ndarray) -> Callable[[], TokenChoice]:
         """How to choose a sequence's next token from its full logits row [V]."""
@@ -437,17 +445,17 @@ class Engine:
         seq.num_computed = chunk.end
         self.pool.commit(seq.seq_id, seq.all_ids, chunk.end)
         if not chunk.samples:
-            return SeqStep(**base), []
+            return SeqStep.from_fields(base), []
         try:
             choice = choose()
         except InvalidLogitsError as exc:
             return self._fail(seq, base, exc)
         token_text, reason = self._accept(seq, choice)
         pages = self._finish(seq, reason) if reason is not None else []
-        return SeqStep(**base, token_id=choice.token_id, token_text=token_text,
-                       logprob=choice.logprob, token_prob=choice.prob,
-                       candidates=self._candidates(choice),
-                       finish_reason=reason), pages
+        base.update(token_id=choice.token_id, token_text=token_text, logprob=choice.logprob,
+                    token_prob=choice.prob, candidates=self._candidates(choice),
+                    finish_reason=reason)
+        return SeqStep.from_fields(base), pages
 
     def _advance_speculative(self, chunk: Chunk, draft: Draft,
                              check: Callable[[], Verification]) -> tuple[SeqStep, list[int], int]:
@@ -500,13 +508,14 @@ class Engine:
     def _accept(self, seq: Sequence, choice: TokenChoice) -> tuple[str, str | None]:
         """Append a sampled token to the output; return its text and a finish reason, if any."""
         request = self._requests[seq.request_id]
-        seq.append(choice.token_id)
+        token_id = choice.token_id
+        seq.append(token_id)
         request.choices.append(choice)
         if request.metrics.first_token is None:
             request.metrics.first_token = time.perf_counter()
-        token_text, hit_stop = self._emit_text(request, choice.token_id)
-        reason = "stop" if hit_stop else self._finish_reason(request, choice.token_id)
-        return token_text, reason
+        ends = self._is_end_token(token_id, seq.params)
+        token_text, hit_stop = self._emit_text(request, token_id, ends)
+        return token_text, "stop" if ends or hit_stop else self._length_reason(seq)
 
     def _finish(self, seq: Sequence, reason: str) -> list[int]:
         """Mark a sequence finished and free its pages (and the drafter's)."""
@@ -514,36 +523,44 @@ class Engine:
         seq.finish_reason = reason
         request.metrics.finished = time.perf_counter()
         if request.decoder is not None and reason == "length":
+            request.settle()
             request.text += request.decoder.flush()
         if self.draft_run is not None:
             self.draft_run.release(seq)
         return self.scheduler.finish(seq)
 
-    def _emit_text(self, request: _Request, token_id: int) -> tuple[str, bool]:
-        """Append a token's text (an end token has none, but ends what the decoder held back);
-        cut at a stop string if one appears."""
+    def _emit_text(self, request: _Request, token_id: int, ends: bool) -> tuple[str, bool]:
+        """Append a token's text (an end token, ``ends``, has none, but ends what the decoder
+        held back); cut at a stop string if one appears.
+
+        Without stop strings and at detail "none" (a trace without texts), nothing needs the
+        text now: the token waits in request.unread, decoded when someone reads the text.
+        """
         params = request.seq.params
         if request.decoder is None:
             return "", False
-        if self._is_end_token(token_id, params):
+        later = self.detail == "none" and not params.stop
+        if ends:
+            request.settle()
             piece = request.decoder.flush()
+        elif later:
+            request.unread.append(token_id)
+            return "", False
         else:
             piece = request.decoder.push(token_id)
         request.text += piece
         cut = find_stop(request.text, params.stop) if params.stop else None
         if cut is not None:
             request.text = request.text[:cut]
-        return piece, cut is not None
+        return "" if later else piece, cut is not None
 
     def _is_end_token(self, token_id: int, params: SamplingParams) -> bool:
         if token_id in params.stop_token_ids:
             return True
         return not params.ignore_eos and token_id in self.model.eos_token_ids
 
-    def _finish_reason(self, request: _Request, token_id: int) -> str | None:
-        seq = request.seq
-        if self._is_end_token(token_id, seq.params):
-            return "stop"
+    def _length_reason(self, seq: Sequence) -> str | None:
+        """The finish reason "length" once a sequence has its max_tokens or fills the context."""
         if len(seq.output_ids) >= seq.params.max_tokens:
             return "length"
         if seq.num_tokens >= self.model.config.max_model_len:
@@ -599,10 +616,11 @@ class Engine:
     def stream_text(self, request_id: str) -> str:
         """New text of a request since the last call, holding back a possible stop-string start."""
         r = self._requests[request_id]
-        end = len(r.text)
+        text = r.settle()
+        end = len(text)
         if r.seq.finish_reason is None and r.holdback is not None:
-            end -= r.holdback.holdback(r.text)
-        piece = r.text[r.streamed:end]
+            end -= r.holdback.holdback(text)
+        piece = text[r.streamed:end]
         r.streamed = max(r.streamed, end)
         return piece
 

@@ -71,7 +71,7 @@ class PoolSnapshot:
 class _Seq:
     """One sequence's pages, how many of its tokens have KV written, and its page hash chain."""
 
-    table: list[int]
+    table: tuple[int, ...]  # immutable, so pages() hands it out without a copy
     num_tokens: int
     hashes: list[int]  # chained hash of each full written page; empty without prefix caching
 
@@ -108,12 +108,13 @@ class PagePool:
             raise TinyInferError(f"sequence {seq_id} is already in the page pool; free it or use a new id")
         if len(token_ids) == 0:
             raise PromptError("cannot add a sequence with an empty prompt; give it at least one token")
-        seq = _Seq(table=[], num_tokens=0, hashes=[])
+        seq = _Seq(table=(), num_tokens=0, hashes=[])
         if self.enable_prefix_caching:
-            for page, h in self._cached_prefix(token_ids):
+            hits = self._cached_prefix(token_ids)
+            for page, h in hits:
                 self._hold(page)
-                seq.table.append(page)
                 seq.hashes.append(h)
+            seq.table = tuple(page for page, _ in hits)
         seq.num_tokens = len(seq.table) * self.page_size
         self._seqs[seq_id] = seq
         self._prefix_queries += len(token_ids)
@@ -131,7 +132,7 @@ class PagePool:
                 "sequences, or give the KV cache more pages"
             )
         new = [self._allocate() for _ in range(needed)]
-        seq.table.extend(new)
+        seq.table += tuple(new)
         return new
 
     def commit(self, seq_id: int, token_ids: Sequence[int], length: int | None = None) -> list[int]:
@@ -191,8 +192,7 @@ class PagePool:
                 )
             if self._hash[edge] is not None:
                 self._uncache(edge)
-        dropped = seq.table[keep:]
-        del seq.table[keep:]
+        dropped, seq.table = seq.table[keep:], seq.table[:keep]
         seq.num_tokens = min(seq.num_tokens, num_tokens)
         del seq.hashes[seq.num_tokens // bs :]
         return [page for page in reversed(dropped) if self._release(page)]
@@ -222,12 +222,12 @@ class PagePool:
         shared = parent.table[:full]
         for page in shared:
             self._hold(page)
-        child = _Seq(table=list(shared), num_tokens=parent.num_tokens, hashes=list(parent.hashes))
+        child = _Seq(table=shared, num_tokens=parent.num_tokens, hashes=list(parent.hashes))
         self._seqs[child_id] = child
         if not partial:
             return None
         dst = self._allocate()
-        child.table.append(dst)
+        child.table += (dst,)
         return parent.table[full], dst
 
     # ---- queries ---------------------------------------------------------------------
@@ -243,6 +243,10 @@ class PagePool:
     def page_table(self, seq_id: int) -> list[int]:
         """The sequence's page ids in token order (a copy)."""
         return list(self._seq(seq_id).table)
+
+    def pages(self, seq_id: int) -> tuple[int, ...]:
+        """page_table as an immutable tuple, the pool's own: no copy, for a batch built every step."""
+        return self._seq(seq_id).table
 
     def num_tokens(self, seq_id: int) -> int:
         """How many of the sequence's tokens have KV written, as last committed or truncated."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -62,9 +63,11 @@ class Sequence:
         return self.num_computed < self.num_tokens - 1 or not self.output_ids
 
 
-@dataclass(frozen=True)
-class Chunk:
-    """Positions [start, end) of a sequence to compute this step."""
+class Chunk(NamedTuple):
+    """Positions [start, end) of a sequence to compute this step.
+
+    A named tuple: immutable like a frozen dataclass, at half the cost to make, and the
+    scheduler makes one per running sequence per step."""
 
     seq: Sequence
     start: int
@@ -126,12 +129,13 @@ class Scheduler:
         out = SchedulerOutput([], [], [], [], [])
         budget = self.config.max_num_batched_tokens
         batch_was_running = bool(self.running)
+        drafting = self.config.num_lookahead_slots > 0
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed, budget)
             kind = "prefill" if seq.is_prefilling else "decode"
-            extra = self.lookahead(seq) if kind == "decode" else 0
+            extra = self.lookahead(seq) if drafting and kind == "decode" else 0
             if not self._make_room(seq, seq.num_computed + n + extra, out):
                 continue  # seq itself was preempted; it was the last running one
             out.chunks.append(Chunk(seq, seq.num_computed, seq.num_computed + n, kind))

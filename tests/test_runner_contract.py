@@ -109,6 +109,19 @@ def test_launch_top_feeds_an_earlier_launch_argmax_on_every_runner(runners):
         np.testing.assert_allclose(fed_top.values, by_hand.values, rtol=1e-6, err_msg=name)
 
 
+def test_launch_top_of_one_is_the_argmax_of_the_top_k_on_every_runner(runners):
+    """k = 1 takes the torch runner's cheaper path (a max and a log-sum-exp, packed in one copy)."""
+    _, by_name = runners
+    batch = make_batch([([3, 9, 27, 17], 0, [0, 2], True), ([5, 25, 61], 0, [1, 3], True)], 4)
+    for name, runner in by_name.items():
+        top = runner.forward_top(batch, runner.new_kv_cache(4, 4), 5)
+        one = runner.launch_top(batch, runner.new_kv_cache(4, 4), 1).result()
+        assert one.ids.shape == one.values.shape == (7, 1) and one.ids.dtype == np.int64, name
+        assert (one.ids[:, 0] == top.ids[:, 0]).all(), name
+        np.testing.assert_allclose(one.values[:, 0], top.values[:, 0], rtol=1e-6, err_msg=name)
+        np.testing.assert_allclose(one.logsumexp, top.logsumexp, rtol=1e-5, err_msg=name)
+
+
 PROBE = re.compile(r"(getattr|hasattr)\(.*runner")
 
 

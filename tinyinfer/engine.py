@@ -360,7 +360,7 @@ class Engine:
         """
         batch, _ = self._pack(chunks, {})
         try:
-            future = self._launch_top(batch)
+            future = self._launch_top(batch, chunks)
             top = future.result()
         except InvalidLogitsError:
             return None
@@ -368,9 +368,12 @@ class Engine:
         steps, freed = self._greedy_advance(chunks, top)
         return steps, freed, t3, future.device_seconds
 
-    def _launch_top(self, batch: Batch, feed: Feed | None = None) -> TopFuture:
-        """Queue a greedy step on the runner: its top logits, on their way to the host."""
-        return self.model.runner.launch_top(batch, self.kv_cache, TOP_FOR_GREEDY, feed)
+    def _launch_top(self, batch: Batch, chunks: list[Chunk], feed: Feed | None = None) -> TopFuture:
+        """Queue a greedy step on the runner: its top logits, on their way to the host. As many
+        per row as the most logprobs a row asks for (none: the argmax alone, a cheaper
+        reduction over the vocabulary than a top k)."""
+        k = max([1] + [c.seq.params.logprobs or 0 for c in chunks])
+        return self.model.runner.launch_top(batch, self.kv_cache, k, feed)
 
     def _greedy_advance(self, chunks: list[Chunk], top: TopLogits) -> tuple[list[SeqStep], list[int]]:
         """Each chunk's argmax (row i of top for chunk i) through the stop rules."""
@@ -782,7 +785,7 @@ class OverlapSteps:
             if not eng._greedy_only(out.chunks):
                 return eng._run(out, t0, t1)
             try:
-                current = _Launched(out, eng._launch_top(eng._pack(out.chunks, {})[0]), t0, t1,
+                current = _Launched(out, eng._launch_top(eng._pack(out.chunks, {})[0], out.chunks), t0, t1,
                                     time.perf_counter())
             except InvalidLogitsError:  # a runner that computes at once met a bad row
                 return eng._run(out, t0, t1)
@@ -804,7 +807,7 @@ class OverlapSteps:
                            eng.pool.page_size)
         assert current.future is not None
         try:
-            future: TopFuture | None = eng._launch_top(batch, Feed(current.future, rows))
+            future: TopFuture | None = eng._launch_top(batch, out.chunks, Feed(current.future, rows))
         except InvalidLogitsError:  # computed at once and met a bad row: run it after current
             future = None
         return _Launched(out, future, t0, t1, time.perf_counter())

@@ -67,6 +67,30 @@ def replay(model) -> dict:
     return {"graph_replay_ms": ms, "tokens_per_s": 1e3 / ms, "context": PROMPT + NEW // 2}
 
 
+def measure_shape(shape: str, device: str, bandwidth: float, results: dict, out: Path) -> None:
+    """Every part for one preset shape, into results[shape], written out after each part."""
+    row = results[shape]
+    on_cuda = device == "cuda"
+    model, _ = bs.shape_models(shape, device, "bfloat16" if on_cuda else "float32")
+    parts = {
+        "check": lambda: check(model, np.random.default_rng(0)),
+        "latency_sync": lambda: bs.as_dict(bs.bench_latency(model, PROMPT, NEW, bandwidth)),
+        "latency_async": lambda: bs.as_dict(bs.bench_latency(model, PROMPT, NEW, bandwidth,
+                                                             async_scheduling=True)),
+    }
+    if on_cuda:
+        parts["replay"] = lambda: replay(model)
+    for name, part in parts.items():
+        start = time.perf_counter()
+        try:
+            row[name] = part()
+        except Exception:  # keep the other parts' numbers; record what failed
+            row[name] = {"error": traceback.format_exc()}
+        row[name + "_seconds"] = time.perf_counter() - start
+        print(shape, name, json.dumps(row[name])[:600], flush=True)
+        out.write_text(json.dumps(results, indent=2))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
@@ -80,27 +104,8 @@ def main() -> int:
     bandwidth = measure_copy_bandwidth(args.device)
     results["copy_bandwidth_bytes_per_s"] = bandwidth
     for shape in args.shapes.split(","):
-        row: dict = {}
-        results[shape] = row
-        model, _ = bs.shape_models(shape, args.device, "bfloat16" if on_cuda else "float32")
-        parts = {
-            "check": lambda: check(model, np.random.default_rng(0)),
-            "latency_sync": lambda: bs.as_dict(bs.bench_latency(model, PROMPT, NEW, bandwidth)),
-            "latency_async": lambda: bs.as_dict(bs.bench_latency(model, PROMPT, NEW, bandwidth,
-                                                                 async_scheduling=True)),
-        }
-        if on_cuda:
-            parts["replay"] = lambda: replay(model)
-        for name, part in parts.items():
-            start = time.perf_counter()
-            try:
-                row[name] = part()
-            except Exception:  # keep the other parts' numbers; record what failed
-                row[name] = {"error": traceback.format_exc()}
-            row[name + "_seconds"] = time.perf_counter() - start
-            print(shape, name, json.dumps(row[name])[:600], flush=True)
-            out.write_text(json.dumps(results, indent=2))
-        del model, parts
+        results[shape] = {}
+        measure_shape(shape, args.device, bandwidth, results, out)
         gc.collect()
         if on_cuda:
             torch.cuda.empty_cache()

@@ -205,3 +205,22 @@ def test_oracle_drafter_is_accepted_at_the_asked_rate():
         assert abs(result.token_acceptance - alpha) <= tolerance, (alpha, result.token_acceptance)
         assert result.acceptance_rate < result.token_acceptance  # drafts after a rejection unexamined
         assert examined >= 300 and result.closed_form_speedup > 0
+
+
+def test_latency_with_async_scheduling_names_it_and_reports_no_idle_share_off_the_gpu(oracle_model):
+    folder, _ = oracle_model("llama-gqa-untied")
+    model = tinyinfer.load(folder, runner="torch")
+    results = [bs.bench_latency(model, prompt_tokens=8, decode_tokens=4, repeats=1, async_scheduling=flag)
+               for flag in (False, True)]
+    header, _, plain, overlapped, *_ = table_cells(bs.latency_table(results))
+    assert overlapped[0] == plain[0] + ", async scheduling"
+    # The device-idle share needs CUDA events: a CPU run leaves it blank rather than guess.
+    assert plain[header.index("device idle %")] == overlapped[header.index("device idle %")] == "–"
+    assert results[1].async_scheduling and results[1].device_idle_pct is None
+
+
+def test_async_scheduling_is_refused_where_bench_cannot_use_it():
+    done = cli("bench", "prefix", "--async-scheduling")
+    assert done.returncode == 2
+    assert done.stderr == ("tinyinfer: error: --async-scheduling applies to bench latency and "
+                           "throughput: drop it for bench prefix\n")

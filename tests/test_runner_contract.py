@@ -12,7 +12,7 @@ import pytest
 
 import tinyinfer
 from tinyinfer.runners.numpy_ref import NumpyRunner
-from tinyinfer.runners.runner import ModelRunner, RunnerInfo, make_batch
+from tinyinfer.runners.runner import Feed, ModelRunner, RunnerInfo, make_batch
 from tinyinfer.runners.torch_fast import TorchRunner
 from tinyinfer.runners.tp.runner import TensorParallelRunner
 from tinyinfer.runners.tp.shard import ShardRunner
@@ -31,7 +31,8 @@ def protocol_members() -> set[str]:
 
 def test_the_protocol_declares_what_the_engine_uses():
     assert protocol_members() == {"config", "name", "capture_attention", "last_attention", "last_timings",
-                                  "info", "new_kv_cache", "forward", "forward_top", "copy_page", "close"}
+                                  "info", "new_kv_cache", "forward", "forward_top", "launch_top", "copy_page",
+                                  "close"}
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +83,43 @@ def test_forward_top_agrees_with_forward_on_every_runner(runners):
     assert by_name["tensor parallel"].info.tensor_parallel == 1
     assert len(by_name["tensor parallel"].info.rank_shares) == 1
     assert by_name["tensor parallel"].last_timings[0].rank == 0  # filled by the forward above
+
+
+def test_launch_top_feeds_an_earlier_launch_argmax_on_every_runner(runners):
+    """Two prompts prefilled by one launch; the next launch decodes them in the other order,
+    its tokens fed from the first launch's argmax: the same as feeding those ids by hand."""
+    _, by_name = runners
+    prompts = ([3, 9, 27, 17], [5, 25, 61])
+    prefill = [(prompts[0], 0, [0, 2], False), (prompts[1], 0, [1, 3], False)]
+    for name, runner in by_name.items():
+        results = []
+        for fed in (False, True):
+            kv = runner.new_kv_cache(4, 4)
+            first = runner.launch_top(make_batch(prefill, 4), kv, 5)
+            argmax = first.result().ids[:, 0]
+            assert (first.result().ids == runner.forward_top(make_batch(prefill, 4),
+                                                             runner.new_kv_cache(4, 4), 5).ids).all(), name
+            tokens = [0, 0] if fed else [int(argmax[1]), int(argmax[0])]
+            decode = make_batch([([tokens[0]], len(prompts[1]), [1, 3], False),
+                                 ([tokens[1]], len(prompts[0]), [0, 2], False)], 4)
+            feed = Feed(first, np.array([1, 0])) if fed else None
+            results.append(runner.launch_top(decode, kv, 5, feed).result())
+        by_hand, fed_top = results
+        assert (fed_top.ids == by_hand.ids).all(), name
+        np.testing.assert_allclose(fed_top.values, by_hand.values, rtol=1e-6, err_msg=name)
+
+
+def test_launch_top_of_one_is_the_argmax_of_the_top_k_on_every_runner(runners):
+    """k = 1 takes the torch runner's cheaper path (a max and a log-sum-exp, packed in one copy)."""
+    _, by_name = runners
+    batch = make_batch([([3, 9, 27, 17], 0, [0, 2], True), ([5, 25, 61], 0, [1, 3], True)], 4)
+    for name, runner in by_name.items():
+        top = runner.forward_top(batch, runner.new_kv_cache(4, 4), 5)
+        one = runner.launch_top(batch, runner.new_kv_cache(4, 4), 1).result()
+        assert one.ids.shape == one.values.shape == (7, 1) and one.ids.dtype == np.int64, name
+        assert (one.ids[:, 0] == top.ids[:, 0]).all(), name
+        np.testing.assert_allclose(one.values[:, 0], top.values[:, 0], rtol=1e-6, err_msg=name)
+        np.testing.assert_allclose(one.logsumexp, top.logsumexp, rtol=1e-5, err_msg=name)
 
 
 PROBE = re.compile(r"(getattr|hasattr)\(.*runner")

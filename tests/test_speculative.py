@@ -46,8 +46,8 @@ def test_greedy_speculative_equals_plain_greedy(pair, drafter_kind):
 
 
 def counting(monkeypatch, runner, calls: dict[str, int]) -> None:
-    """Count the real runner's forward and forward_top calls (they still compute)."""
-    for name in ("forward", "forward_top"):
+    """Count the real runner's forward and launch_top calls (they still compute)."""
+    for name in ("forward", "launch_top"):
         method = getattr(runner, name)
 
         def counted(*args, _method=method, _name=name):
@@ -65,7 +65,7 @@ def test_greedy_verification_from_top_logits_equals_full_rows(pair, drafter_kind
     prompts = repetitive_prompts(5)
 
     def run(detail: str) -> tuple[list, list, dict, dict]:
-        target_calls, draft_calls = {"forward": 0, "forward_top": 0}, {"forward": 0, "forward_top": 0}
+        target_calls, draft_calls = {"forward": 0, "launch_top": 0}, {"forward": 0, "launch_top": 0}
         with monkeypatch.context() as m:
             counting(m, target.runner, target_calls)
             counting(m, draft.runner, draft_calls)
@@ -82,11 +82,11 @@ def test_greedy_verification_from_top_logits_equals_full_rows(pair, drafter_kind
     full_ids, full_steps, full_target, full_draft = run("full")
     assert top_ids == full_ids and top_steps == full_steps
     assert any(s[2] > 0 for step in top_steps for s in step)  # some guesses were kept
-    # (the NumPy runner's forward_top calls its forward, so only forward_top is told apart)
-    assert top_target["forward_top"] == len(top_steps)
-    assert full_target["forward_top"] == 0 and full_target["forward"] == len(full_steps)
+    # (the NumPy runner's launch_top calls its forward, so only launch_top is told apart)
+    assert top_target["launch_top"] == len(top_steps)
+    assert full_target["launch_top"] == 0 and full_target["forward"] == len(full_steps)
     if drafter_kind == "draft":  # the draft model's argmaxes never need full rows
-        assert top_draft["forward_top"] > 0 and top_draft == full_draft
+        assert top_draft["launch_top"] > 0 and top_draft == full_draft
 
 
 def test_rejections_leak_no_pages(pair):

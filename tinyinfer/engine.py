@@ -3,6 +3,9 @@
     add_request ─▶ Scheduler (waiting → running) ─▶ Batch ─▶ runner.forward ─▶ logits
         ▲                                                                     │
         └──────── text, finish, StepTrace ◀── stops ◀── sample_next ◀─────────┘
+
+With ``async_scheduling`` (OverlapSteps, below) plain greedy decode steps are launched one
+ahead: the host reads step N's tokens while the device runs step N+1.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from tinyinfer.errors import (
 )
 from tinyinfer.kv import PagePool
 from tinyinfer.model import Model, check_token_ids
-from tinyinfer.runners.runner import Batch, make_batch
+from tinyinfer.runners.runner import Batch, Feed, TopFuture, TopLogits, make_batch
 from tinyinfer.sampling import (
     MAX_LOGPROBS,
     SamplingParams,
@@ -138,6 +141,9 @@ class Engine:
         self.spec_stats = SpeculativeStats()
         if drafter is not None:
             _check_drafter(model, drafter, config.num_draft)
+            if config.async_scheduling:
+                raise TinyInferError("async_scheduling does not overlap speculative decoding "
+                                     "steps: drop the drafter or async_scheduling")
         # The draft model's own KV pages, run by the engine (speculative decoding with a draft model).
         self.draft_run = (DraftRun(drafter, config.draft_num_pages, config.page_size)
                           if isinstance(drafter, DraftModelDrafter) else None)
@@ -163,6 +169,8 @@ class Engine:
         self.step_count = 0
         self._queued: list[RequestStart] = []  # for the next trace (detail basic and full)
         self._described: set[int] = set()  # token ids whose text a trace carried already
+        # Asynchronous scheduling: the step launched ahead, and how the next one is planned.
+        self._overlap = OverlapSteps(self) if config.async_scheduling else None
 
     def _default_num_pages(self) -> int:
         """As many pages as kv_cache_memory pays for at the runner's bytes per value, scales
@@ -254,18 +262,29 @@ class Engine:
     # ------------------------------------------------------------------ the loop
 
     def step(self) -> StepTrace:
-        """Schedule one batch, run the model once, sample, and report what happened."""
+        """Schedule one batch, run the model once, sample, and report what happened.
+
+        With async_scheduling, a plain greedy decode step returns once the next step is queued
+        on the device (``OverlapSteps``); its trace still describes this step alone."""
+        if self._overlap is not None:
+            return self._overlap.step()
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
-        t1 = time.perf_counter()
+        return self._run(out, t0, time.perf_counter())
+
+    def _run(self, out: SchedulerOutput, t0: float, t1: float) -> StepTrace:
+        """Run a scheduled step to its end: draft, forward, choose tokens, trace."""
         drafts = self._draft(out.chunks)
         t2 = time.perf_counter()
         greedy = self._greedy_step(out.chunks, drafts) if self._greedy_only(out.chunks) else None
-        steps, freed, t3 = greedy if greedy is not None else self._full_step(out.chunks, drafts)
+        if greedy is not None:
+            steps, freed, t3, device_s = greedy
+        else:
+            (steps, freed, t3), device_s = self._full_step(out.chunks, drafts), None
         if drafts:
             self.spec_stats.draft_seconds += t2 - t1
             self.spec_stats.verify_seconds += t3 - t2
-        trace = self._finish_step(out, steps, freed, t0, t1, t2, t3)
+        trace = self._finish_step(out, steps, freed, t0, t1, t2, t3, device_s)
         if drafts:
             self.spec_stats.step_seconds += time.perf_counter() - t0
         return trace
@@ -295,7 +314,8 @@ class Engine:
         return steps, freed, t3
 
     def _finish_step(self, out: SchedulerOutput, steps: list[SeqStep], freed: list[int],
-                     t0: float, t1: float, t2: float, t3: float) -> StepTrace:
+                     t0: float, t1: float, t2: float, t3: float,
+                     device_s: float | None = None) -> StepTrace:
         t4 = time.perf_counter()
         self.step_count += 1
         finished = [s.seq_id for s in steps if s.finish_reason is not None]
@@ -325,6 +345,7 @@ class Engine:
             rank_timings=rank_timings,
             requests=requests,
             token_texts=self._new_texts(requests, steps) if self.detail != "none" else (),
+            device_seconds=device_s,
         )
 
     def _new_texts(self, requests: tuple[RequestStart, ...],
@@ -351,8 +372,8 @@ class Engine:
                 and all(is_plain_greedy(c.seq.params, len(c.seq.output_ids), TOP_FOR_GREEDY)
                         for c in chunks))
 
-    def _greedy_step(self, chunks: list[Chunk],
-                     drafts: dict[int, Draft]) -> tuple[list[SeqStep], list[int], float] | None:
+    def _greedy_step(self, chunks: list[Chunk], drafts: dict[int, Draft]
+                     ) -> tuple[list[SeqStep], list[int], float, float | None] | None:
         """Forward with top-k logits only (no [R, V] transfer), then pick each argmax; a drafted
         sequence keeps its guesses while they equal those argmaxes (``verify_greedy``).
 
@@ -361,10 +382,25 @@ class Engine:
         """
         batch, rows = self._pack(chunks, drafts)
         try:
-            top = self.model.runner.forward_top(batch, self.kv_cache, TOP_FOR_GREEDY)
+            future = self._launch_top(batch, chunks)
+            top = future.result()
         except InvalidLogitsError:
             return None
         t3 = time.perf_counter()
+        steps, freed = self._greedy_advance(chunks, top, rows, drafts)
+        return steps, freed, t3, future.device_seconds
+
+    def _launch_top(self, batch: Batch, chunks: list[Chunk], feed: Feed | None = None) -> TopFuture:
+        """Queue a greedy step on the runner: its top logits, on their way to the host. As many
+        per row as the most logprobs a row asks for (none: the argmax alone, a cheaper
+        reduction over the vocabulary than a top k)."""
+        k = max([1] + [c.seq.params.logprobs or 0 for c in chunks])
+        return self.model.runner.launch_top(batch, self.kv_cache, k, feed)
+
+    def _greedy_advance(self, chunks: list[Chunk], top: TopLogits, rows: list[slice],
+                        drafts: dict[int, Draft]) -> tuple[list[SeqStep], list[int]]:
+        """Each chunk's argmax (its last row of top, ``rows``) through the stop rules; a drafted
+        chunk's k + 1 rows through ``verify_greedy``."""
         valid = np.isfinite(top.logsumexp).tolist()  # [R]; NaN or +inf anywhere in a row, or all -inf
         row_params = [c.seq.params for c, r in zip(chunks, rows) for _ in range(r.stop - r.start)]
         with np.errstate(invalid="ignore"):
@@ -384,7 +420,7 @@ class Engine:
                 seq_step, pages = self._advance(chunk, lambda r=r: choice_at(r.stop - 1))
             steps.append(seq_step)
             freed += pages
-        return steps, freed, t3
+        return steps, freed
 
     def _draft(self, chunks: list[Chunk]) -> dict[int, Draft]:
         """Ask the drafter for guesses for every decoding sequence (speculative mode only)."""
@@ -716,7 +752,7 @@ class DraftRun:
             batch = make_batch(feeds, self.pool.page_size)
             if greedy:
                 # The draft's argmax reduced on the device: no [R, V] logits cross to the host.
-                top_ids = self.runner.forward_top(batch, self.kv_cache, 1).ids[:, 0].tolist()
+                top_ids = self.runner.launch_top(batch, self.kv_cache, 1).result().ids[:, 0].tolist()
                 for row, i in zip(last_rows, live):
                     tokens[i].append(self.drafter.guess_greedy(seqs[i], tokens[i], top_ids[row]))
                 continue
@@ -750,6 +786,138 @@ class DraftRun:
         """The sequence is gone: free its draft pages."""
         if self.computed.pop(seq.seq_id, None) is not None:
             self.pool.free(seq.seq_id)
+
+
+@dataclass
+class _Launched:
+    """A step queued on the runner (future None: planned, but the runner refused to start it)."""
+
+    out: SchedulerOutput
+    future: TopFuture | None
+    t0: float  # planning began
+    t1: float  # planned
+    t2: float  # launched
+
+
+class OverlapSteps:
+    """Asynchronous scheduling: the engine's step loop with one step launched ahead, so that the
+    host prepares step N+1 while the device runs step N.
+
+        step() ─▶ plan N+1 (one more slot per decoding sequence) ─▶ launch N+1, its input
+                  tokens taken on the device from N's argmax ─▶ wait for N ─▶ stop rules,
+                  text, trace of N
+
+    A decode step's only input the host cannot know ahead is the token the step before chose;
+    for plain greedy rows the runner keeps that token where it computed it and feeds it to the
+    next launch (a ``Feed``), so the host reads step N's results while N+1 runs. Positions,
+    slots and page tables are known ahead: a decoding sequence needs exactly one more slot.
+
+    Only a continuation overlaps: every running sequence computed in step N, reached its end,
+    and decodes one more plain greedy token; nobody waits for a free seat; the pool has the
+    pages. Anything else (a prompt still prefilling, sampling, an admission, a preemption)
+    drains the pipeline: step N finishes and the next ``step()`` runs as the step-through
+    engine does. A sequence that ends at step N (end token, stop string, abort) still has a row
+    in N+1: it is computed, dropped and never emitted; its pages were freed with the sequence.
+    A sequence certain to end at N (max_tokens, the context) gets no row.
+    """
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.ahead: _Launched | None = None
+
+    def step(self) -> StepTrace:
+        """Launch the next step if it can overlap, then finish the one before and trace it."""
+        eng = self.engine
+        current, self.ahead = self.ahead, None
+        if current is not None and not _live(current.out.chunks):
+            current = None  # every row ended (aborts) while it ran: nothing to report
+        if current is None:
+            t0 = time.perf_counter()
+            out = eng.scheduler.schedule()
+            t1 = time.perf_counter()
+            if not eng._greedy_only(out.chunks):
+                return eng._run(out, t0, t1)
+            try:
+                current = _Launched(out, eng._launch_top(eng._pack(out.chunks, {})[0], out.chunks), t0, t1,
+                                    time.perf_counter())
+            except InvalidLogitsError:  # a runner that computes at once met a bad row
+                return eng._run(out, t0, t1)
+        if current.future is not None:
+            self.ahead = self._launch_next(current)
+        return self._finish(current)
+
+    def _launch_next(self, current: _Launched) -> _Launched | None:
+        """Plan and launch the continuation of ``current``; None where it must drain."""
+        t0 = time.perf_counter()
+        planned = self._plan(current.out.chunks)
+        if planned is None:
+            return None
+        out, rows = planned
+        eng = self.engine
+        t1 = time.perf_counter()
+        # Placeholder tokens: the Feed puts current's argmax in their place on the runner's side.
+        batch = make_batch([([0], c.start, eng.pool.page_table(c.seq.seq_id), False) for c in out.chunks],
+                           eng.pool.page_size)
+        assert current.future is not None
+        try:
+            future: TopFuture | None = eng._launch_top(batch, out.chunks, Feed(current.future, rows))
+        except InvalidLogitsError:  # computed at once and met a bad row: run it after current
+            future = None
+        return _Launched(out, future, t0, t1, time.perf_counter())
+
+    def _plan(self, chunks: list[Chunk]) -> tuple[SchedulerOutput, np.ndarray] | None:
+        """The step after ``chunks`` if it is a plain continuation: one decode token for each
+        running sequence not certain to end now, pages allocated for it; and the rows of
+        ``chunks`` whose argmax feeds each. None where the scheduler might choose otherwise."""
+        eng = self.engine
+        scheduler, pool = eng.scheduler, eng.pool
+        live = [c for c in chunks if c.seq.finish_reason is None]
+        running = scheduler.running
+        if len(live) != len(running) or any(c.seq is not s for c, s in zip(live, running)):
+            return None  # someone else is running (admitted, or skipped for lack of budget)
+        if any(not c.samples for c in live):
+            return None  # a prompt still prefilling
+        config = scheduler.config
+        if (scheduler.waiting and config.batching == "continuous"
+                and len(running) < config.max_num_seqs):
+            return None  # a waiting request may take a seat: the scheduler decides
+        limit = eng.model.config.max_model_len
+        nxt, rows = [], []
+        for row, c in enumerate(chunks):
+            seq = c.seq
+            if seq.finish_reason is not None:
+                continue
+            if len(seq.output_ids) + 1 >= seq.params.max_tokens or c.end + 1 >= limit:
+                continue  # ends by length at this step
+            nxt.append(Chunk(seq, c.end, c.end + 1, "decode"))
+            rows.append(row)
+        if not nxt or len(nxt) > config.max_num_batched_tokens or not eng._greedy_only(nxt):
+            return None
+        needed = sum(pool.pages_needed(c.seq.seq_id, c.end) for c in nxt)
+        if not pool.can_allocate(needed):
+            return None  # the scheduler would preempt
+        allocated = [page for c in nxt for page in pool.ensure_capacity(c.seq.seq_id, c.end)]
+        return SchedulerOutput(nxt, [], [], allocated, []), np.asarray(rows, dtype=np.int64)
+
+    def _finish(self, launched: _Launched) -> StepTrace:
+        """Wait for a launched step, then choose, check stops and trace its live rows."""
+        eng = self.engine
+        live = [i for i, c in enumerate(launched.out.chunks) if c.seq.finish_reason is None]
+        out = dataclasses.replace(launched.out, chunks=[launched.out.chunks[i] for i in live])
+        if launched.future is None:
+            return eng._run(out, launched.t0, launched.t1)
+        top = launched.future.result()
+        t3 = time.perf_counter()
+        rows = np.asarray(live, dtype=np.int64)
+        steps, freed = eng._greedy_advance(out.chunks, TopLogits(top.ids[rows], top.values[rows],
+                                                                 top.logsumexp[rows]),
+                                           [slice(i, i + 1) for i in range(len(rows))], {})
+        return eng._finish_step(out, steps, freed, launched.t0, launched.t1, launched.t2, t3,
+                                launched.future.device_seconds)
+
+
+def _live(chunks: list[Chunk]) -> bool:
+    return any(c.seq.finish_reason is None for c in chunks)
 
 
 def _invalid_row() -> TokenChoice:

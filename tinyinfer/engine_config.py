@@ -35,10 +35,18 @@ class EngineConfig:
     num_draft: int = 4  # tokens a drafter guesses per step (speculative decoding only)
     draft_num_pages: int = 512  # KV pages of a draft model, in pages of page_size tokens
     seed: int = 0  # seeds each request's sampler unless its SamplingParams has a seed
+    # Prepare step N+1 on the host while the device runs step N (plain greedy decode steps; the
+    # rest run one at a time). Off: each step() runs one whole step, as the TUI and lessons show.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.detail not in DETAIL_LEVELS:
             raise TinyInferError(f"detail must be one of {DETAIL_LEVELS}, not {self.detail}")
+        if self.async_scheduling and self.detail != "none":
+            raise TinyInferError(f"async_scheduling needs detail='none', not {self.detail!r}: while "
+                                 "one step runs the pool already holds the next one's pages, so a "
+                                 "step-by-step trace cannot show it (leave async_scheduling off to "
+                                 "step through)")
 
 
 DEFAULTS = EngineConfig()

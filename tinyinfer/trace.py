@@ -120,6 +120,10 @@ class StepTrace:
     # id that no earlier step of this engine described (prompts, samples, drafts, candidates)
     requests: tuple[RequestStart, ...] = ()
     token_texts: tuple[tuple[int, str], ...] = ()
+    # The forward pass's time on the device, from its first queued operation to its results on
+    # the host (CUDA events; None where the runner does not measure it, or no top-k step ran).
+    # Next to the wall time between steps it shows how long the device sat idle.
+    device_seconds: float | None = None
 
     @property
     def prefill_tokens(self) -> int:

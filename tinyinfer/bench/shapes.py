@@ -232,39 +232,48 @@ class LatencyResult:
     kv_bytes_per_step: int = 0  # of bytes_per_step: K/V read at the mean context; the rest is weights
     request_tokens_per_s: float | None = None  # new tokens / whole request time (TTFT included)
     warmup_s: float | None = None  # the untimed first request: compilation, CUDA graphs, caches
+    # Share of a request's wall time the device spent idle between steps: 1 - the steps' device
+    # time (CUDA events) / their wall time; None where the runner does not time its steps.
+    device_idle_pct: float | None = None
+    async_scheduling: bool = False
 
 
 def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 128,
-                  bandwidth: float | None = None, repeats: int = 3) -> LatencyResult:
+                  bandwidth: float | None = None, repeats: int = 3,
+                  async_scheduling: bool = False) -> LatencyResult:
     """Batch-1 TTFT and per-token decode time through the engine (warm: one run first).
 
     Under tensor parallelism the roofline is one rank's: its shard of the weights and of the
     KV heads, over one device's bandwidth (every rank streams its own shard at once).
+    ``async_scheduling`` runs the engine with the next step prepared while one runs.
     """
     info = model.runner.info
     bandwidth = bandwidth or measure_copy_bandwidth(info.device)
     ranks = info.tensor_parallel
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True)
-    ttfts, tpots, ranked, requests = [], [], [], []
+    ttfts, tpots, ranked, requests, idle = [], [], [], [], []
     with progress.task(f"latency: steps ({repeats} runs + warm-up)",
                        total=(repeats + 1) * decode_tokens) as advance:
         for run in range(repeats + 1):
             engine = Engine(model, max_num_seqs=1, max_num_batched_tokens=max(prompt_tokens, 512),
-                            detail="none")
+                            detail="none", async_scheduling=async_scheduling)
             engine.add_request(rng.integers(0, model.config.vocab_size, prompt_tokens).tolist(), params)
-            step_times, step_ranks = [], []
+            step_times, step_ranks, device = [], [], []
             while engine.has_unfinished():
                 t = time.perf_counter()
                 trace = engine.step()
                 step_times.append(time.perf_counter() - t)
                 step_ranks.append(trace.rank_timings)
+                device.append(trace.device_seconds)
                 advance()
             if run:  # the first run warms up compilation, graphs and caches
                 ttfts.append(step_times[0])
                 tpots += step_times[1:]
                 ranked += step_ranks[1:]
                 requests.append(sum(step_times))
+                if None not in device:
+                    idle.append(100 * max(0.0, 1 - sum(device) / sum(step_times)))
             else:
                 warmup_s = sum(step_times)
             # Free this run's KV cache and its CUDA graphs now, not inside the next run's timed
@@ -287,6 +296,8 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
         rank_ms={key: 1e3 * statistics.median(t[key] for t in ranked) for key in sorted(ranked[0])},
         weights=weights_name(model), kv_bytes_per_step=kv_read,
         request_tokens_per_s=decode_tokens / statistics.median(requests), warmup_s=warmup_s,
+        device_idle_pct=statistics.median(idle) if len(idle) == repeats else None,
+        async_scheduling=async_scheduling,
     )
 
 
@@ -366,13 +377,14 @@ class ThroughputResult:
 
 
 def bench_throughput(model: Model, workload: list[Request], max_num_seqs: int = 256,
-                     max_num_batched_tokens: int = 8192, kv_fraction: float = 0.5) -> ThroughputResult:
+                     max_num_batched_tokens: int = 8192, kv_fraction: float = 0.5,
+                     async_scheduling: bool = False) -> ThroughputResult:
     """All requests at once through continuous batching; greedy, EOS ignored. A warm-up run
     first meets every decode batch size the run will (each compiles or captures a CUDA graph
     once): one-off work is not the engine's throughput."""
     pages = _pages_for(model, workload, max_num_seqs, kv_fraction)
     options = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                   num_pages=pages, detail="none")
+                   num_pages=pages, detail="none", async_scheduling=async_scheduling)
     # The timed run reuses the warm-up's engine: CUDA graphs belong to its KV cache. Warm-up
     # prompts repeat one token, so the prefix cache they leave serves no timed prompt.
     engine = Engine(model, **options)
@@ -446,11 +458,12 @@ def latency_table(results: list[LatencyResult], thread_line: str = "") -> str:
     """One row per result; tensor-parallel rows add the ranks and the all-reduce time per step."""
     parallel = any(r.tensor_parallel > 1 for r in results)
     headers = ["runner", "weights", "TTFT ms", "TPOT p50 ms", "p95 ms", "tok/s", "request tok/s",
-               "roofline %", "peak mem GB"]
+               "roofline %", "device idle %", "peak mem GB"]
     headers += ["TP", "all-reduce ms"] if parallel else []
-    rows = [[r.label, r.weights, f"{r.ttft_ms:.1f}", f"{r.tpot_p50_ms:.2f}", _fixed(r.tpot_p95_ms, 2),
+    rows = [[r.label + (", async scheduling" if r.async_scheduling else ""), r.weights,
+             f"{r.ttft_ms:.1f}", f"{r.tpot_p50_ms:.2f}", _fixed(r.tpot_p95_ms, 2),
              f"{r.decode_tokens_per_s:.1f}", _fixed(r.request_tokens_per_s, 1), _fixed(r.roofline_pct, 1),
-             f"{r.peak_memory / 1e9:.2f}"]
+             _fixed(r.device_idle_pct, 1), f"{r.peak_memory / 1e9:.2f}"]
             + ([r.tensor_parallel, f"{r.all_reduce_ms:.2f}"] if parallel else []) for r in results]
     notes = [_roofline_note(r) for r in results if r.roofline_pct is not None]
     return _with_note(table(headers, rows) + "".join(notes), thread_line)
@@ -463,7 +476,8 @@ def _roofline_note(r: LatencyResult) -> str:
             f"weights (LM head included, embedding rows not) + {r.kv_bytes_per_step / 1e9:.3f} GB "
             f"of K/V at the mean context ({context} tokens) per step, over "
             f"{r.bandwidth / 1e9:.0f} GB/s (a large copy on the device); tok/s = 1 / TPOT p50, "
-            f"request tok/s = new tokens / whole request; warm-up request (compilation, graphs) "
+            f"request tok/s = new tokens / whole request; device idle = 1 - the steps' time on "
+            f"the device (CUDA events) / their wall time; warm-up request (compilation, graphs) "
             f"{_fixed(r.warmup_s, 1)} s, not timed")
 
 

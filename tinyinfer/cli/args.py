@@ -49,6 +49,13 @@ def add_kv_cache_dtype_arg(parser: argparse.ArgumentParser) -> None:
                              "a float16 scale per token and KV head (about half of 16-bit's bytes)")
 
 
+def add_async_scheduling_arg(parser: argparse.ArgumentParser) -> None:
+    """`--async-scheduling`, as vLLM spells it (generate, serve, bench latency and throughput)."""
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="prepare the next decode step on the host while the device runs this "
+                             "one (plain greedy decode steps overlap; the rest run one at a time)")
+
+
 def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
     """How tokens are chosen and when generation stops, the same for generate and chat."""
     parser.add_argument("--max-tokens", type=positive_int, default=max_tokens, metavar="N",

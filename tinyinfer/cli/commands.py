@@ -14,6 +14,7 @@ from tinyinfer.cli import serve as cli_serve
 from tinyinfer.cli import simulate as cli_simulate
 from tinyinfer.cli import chat as cli_chat
 from tinyinfer.cli.args import (
+    add_async_scheduling_arg,
     add_model_args,
     add_sampling_args,
     load_model,
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--draft-model", default="bundled-draft", help="draft model for --speculative draft")
     gen.add_argument("--num-draft", type=positive_int, default=4, metavar="K",
                      help="tokens drafted per step")
+    add_async_scheduling_arg(gen)
     gen.add_argument("--stats", action="store_true",
                      help="print time to first token, tokens generated and tokens/s to stderr")
 
@@ -105,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--task", choices=("continue", "rewrite"), default="continue",
                        help="speculative prompts: continue a cue, or rewrite a given passage")
     bench.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload")
+    add_async_scheduling_arg(bench)
     add_json(bench, "the results")
     for module in FRONT_ENDS.values():
         module.add_parser(sub)
@@ -116,6 +119,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise TinyInferError("--acceptance sets the oracle drafter's rate: add --speculative oracle")
     if args.acceptance is not None and not 0 <= args.acceptance <= 1:
         raise TinyInferError(f"--acceptance must be within 0..1, got {args.acceptance}")
+    if args.async_scheduling and args.workload not in ("latency", "throughput"):
+        raise TinyInferError("--async-scheduling applies to bench latency and throughput: drop it "
+                             f"for bench {args.workload}")
     if args.workload in ("latency", "throughput") or args.preset:
         return _bench_shapes(args)
     from tinyinfer.bench import workloads as bench
@@ -193,7 +199,8 @@ def _bench_shapes(args: argparse.Namespace) -> int:
         write_json(args.json, bench.to_json(_bench_speculative(model, args), threads=counts))
         return 0
     if args.workload == "latency":
-        results = [bs.bench_latency(model, args.prompt_tokens, args.max_tokens)]
+        results = [bs.bench_latency(model, args.prompt_tokens, args.max_tokens,
+                                    async_scheduling=args.async_scheduling)]
         if peer is not None:
             results.append(bs.peer_latency(peer, model.config.vocab_size, args.prompt_tokens,
                                            args.max_tokens))
@@ -210,7 +217,8 @@ def _bench_shapes(args: argparse.Namespace) -> int:
                   f"output lengths drawn from {low}..{high} instead of "
                   f"{bs.OFFLINE_LENGTHS[0]}..{bs.OFFLINE_LENGTHS[1]}", file=sys.stderr)
         workload = bs.offline_workload(256 if args.requests is None else args.requests, model.config.vocab_size, low, high, seed=args.seed)
-        results = [bs.bench_throughput(model, workload, max_num_seqs=256 if args.max_num_seqs is None else args.max_num_seqs)]
+        results = [bs.bench_throughput(model, workload, max_num_seqs=256 if args.max_num_seqs is None else args.max_num_seqs,
+                                       async_scheduling=args.async_scheduling)]
         if peer is not None:
             results.append(bs.peer_throughput(peer, workload))
         print(bs.throughput_table(results, threads.describe(counts)))
@@ -244,7 +252,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     params = sampling_params(args)
     model = load_model(args)
-    engine = tinyinfer.Engine(model, drafter=make_drafter(args), num_draft=args.num_draft)
+    # Asynchronous scheduling keeps no step-by-step trace (detail "none"); generate reads none.
+    engine = tinyinfer.Engine(model, drafter=make_drafter(args), num_draft=args.num_draft,
+                              async_scheduling=args.async_scheduling,
+                              detail="none" if args.async_scheduling else DEFAULTS.detail)
     request_id = engine.add_request(args.prompt, params)  # a bad prompt fails here, before any output
     sys.stdout.write(args.prompt)
     while engine.completion(request_id).finish_reason is None:

@@ -12,7 +12,7 @@ from tinyinfer.engine_config import DEFAULTS
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the `serve` command on the top-level parser's subparsers."""
-    from tinyinfer.cli.args import add_model_args
+    from tinyinfer.cli.args import add_async_scheduling_arg, add_model_args
 
     parser = subparsers.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API (streaming)",
@@ -26,6 +26,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="the name clients pass as `model` (default: the model's name)")
     parser.add_argument("--max-num-seqs", type=int, default=DEFAULTS.max_num_seqs,
                         help="sequences decoded together in one batch")
+    add_async_scheduling_arg(parser)
     parser.add_argument("--max-queue", type=int, default=64,
                         help="sequences allowed to wait beyond the batch before 429")
     parser.add_argument("--request-timeout", type=float, default=300.0,
@@ -72,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         sock.close()
         raise
     # detail "none": the server reads tokens from the trace, never the per-page pool view.
-    engine = tinyinfer.Engine(model, max_num_seqs=args.max_num_seqs, detail="none")
+    engine = tinyinfer.Engine(model, max_num_seqs=args.max_num_seqs, detail="none",
+                              async_scheduling=args.async_scheduling)
     config = ServerConfig(served_model_name=args.served_model_name, max_queue=args.max_queue,
                           request_timeout=args.request_timeout, api_key=args.api_key,
                           open_probes=args.open_health_metrics,

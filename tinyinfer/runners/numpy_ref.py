@@ -24,10 +24,13 @@ from tinyinfer.quant import (
 )
 from tinyinfer.runners.runner import (
     Batch,
+    Feed,
     RankTiming,
     RunnerInfo,
+    TopFuture,
     TopLogits,
     check_kv_cache_dtype,
+    fed_batch,
     top_logits,
 )
 
@@ -301,6 +304,11 @@ class NumpyRunner:
     def forward_top(self, batch: Batch, kv_cache: NumpyKVCache, k: int) -> TopLogits:
         """The full forward pass, then each row's top k on the host (nothing to save here)."""
         return top_logits(self.forward(batch, kv_cache), k)
+
+    def launch_top(self, batch: Batch, kv_cache: NumpyKVCache, k: int,
+                   feed: Feed | None = None) -> TopFuture:
+        """forward_top, computed now (nothing here runs behind the host's back)."""
+        return TopFuture.done(self.forward_top(fed_batch(batch, feed), kv_cache, k))
 
     def norm(self, name: str, x: np.ndarray) -> np.ndarray:
         if self.config.family == "gpt2":

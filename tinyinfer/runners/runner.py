@@ -12,8 +12,9 @@ over its whole context, gathered through its page table.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -98,6 +99,58 @@ class TopLogits:
     ids: np.ndarray  # [R, k] int64, most likely first
     values: np.ndarray  # [R, k] raw logits (float32 from a device, float64 from top_logits)
     logsumexp: np.ndarray  # [R], as values
+
+
+class TopFuture:
+    """A launched ``forward_top`` (``launch_top``): ``result()`` waits for its TopLogits.
+
+    ``argmax`` holds each row's most likely id [R] where the runner computed it (a device
+    tensor, or NumPy), so that the next launch can take its input tokens from it (a ``Feed``)
+    before the host has seen them.
+    """
+
+    def __init__(self, argmax: Any, wait: Callable[[], TopLogits],
+                 device_seconds: Callable[[], float | None] = lambda: None):
+        self.argmax = argmax
+        self._wait = wait
+        self._device_seconds = device_seconds
+        self._result: TopLogits | None = None
+
+    @classmethod
+    def done(cls, top: TopLogits) -> TopFuture:
+        """A result computed already (a runner that cannot queue work behind the host's back)."""
+        return cls(top.ids[:, 0], lambda: top)
+
+    def result(self) -> TopLogits:
+        """The TopLogits, waiting for the device if it has not finished."""
+        if self._result is None:
+            self._result = self._wait()
+        return self._result
+
+    @property
+    def device_seconds(self) -> float | None:
+        """The step's time on the device, its first queued operation to its last (CUDA events;
+        waits for the result); None where the runner does not measure it."""
+        self.result()
+        return self._device_seconds()
+
+
+@dataclass(frozen=True)
+class Feed:
+    """Input tokens from an earlier launch: token i of the batch is the argmax of row ``rows[i]``
+    of ``source`` (asynchronous scheduling: a decode step's input is the step before's output)."""
+
+    source: TopFuture
+    rows: np.ndarray  # [T] int64, rows of the source, one per token of the batch
+
+    def host_tokens(self) -> np.ndarray:
+        """The fed tokens on the host [T] (waits for the source): runners that run at once."""
+        return np.asarray(self.source.result().ids[self.rows, 0], dtype=np.int64)
+
+
+def fed_batch(batch: Batch, feed: Feed | None) -> Batch:
+    """The batch with its token ids taken from ``feed`` (read on the host), if there is one."""
+    return batch if feed is None else dataclasses.replace(batch, token_ids=feed.host_tokens())
 
 
 @dataclass(frozen=True)
@@ -197,6 +250,12 @@ class ModelRunner(Protocol):
     def forward_top(self, batch: Batch, kv_cache: Any, k: int) -> TopLogits:
         """The same forward pass, with logits reduced to their top k per row (on the device when
         the runner can). The engine uses it when every row is plain greedy."""
+
+    def launch_top(self, batch: Batch, kv_cache: Any, k: int, feed: Feed | None = None) -> TopFuture:
+        """``forward_top`` without waiting for it: on a device that queues work, return once the
+        step is queued, its top k on their way to the host (asynchronous scheduling); elsewhere
+        compute it now. With ``feed``, the batch's token ids are placeholders: each token is an
+        earlier launch's argmax, taken where that launch left it (on the device: no round trip)."""
 
     def copy_page(self, kv_cache: Any, src: int, dst: int) -> None:
         """Copy one page's K/V (all layers), for sequences forked from a shared prefix."""

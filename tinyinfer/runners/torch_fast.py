@@ -22,6 +22,7 @@ Same function as ``numpy_ref.NumpyRunner``, arranged for speed:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import sys
@@ -37,7 +38,15 @@ from tinyinfer.quant import QuantizedWeight
 from tinyinfer.display import progress
 from tinyinfer.errors import TinyInferError
 from tinyinfer.runners import torch_layers as layers
-from tinyinfer.runners.runner import Batch, RankTiming, RunnerInfo, TopLogits, check_kv_cache_dtype
+from tinyinfer.runners.runner import (
+    Batch,
+    Feed,
+    RankTiming,
+    RunnerInfo,
+    TopFuture,
+    TopLogits,
+    check_kv_cache_dtype,
+)
 from tinyinfer.runners.torch_graphs import DecodeGraphs
 from tinyinfer.runners.torch_layers import PrefillChunks
 from tinyinfer.runners.torch_weights import DeviceWeights, pick_device, pick_dtype
@@ -139,6 +148,7 @@ class TorchRunner:
             dynamo_config = torch._dynamo.config
             dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
             self._decode_fns = tuple(torch.compile(fn) for fn in self._eager)
+        self._greedy_reduce = torch.compile(greedy_reduce) if self.compile else greedy_reduce
         self._announced_compile = False
 
     # ------------------------------------------------------------------ setup
@@ -243,24 +253,47 @@ class TorchRunner:
         """The same forward pass, reducing logits to their top k per row on the device."""
         return device_top(self._device_logits(batch, kv_cache), k)
 
+    def launch_top(self, batch: Batch, kv_cache: TorchKVCache, k: int,
+                   feed: Feed | None = None) -> TopFuture:
+        """forward_top queued on the device (CUDA: returns before the step has run; CPU: at once
+        computed). Fed tokens are gathered on the device from the source launch's argmax."""
+        start = _timing_event(self.device)
+        tokens = self._fed_tokens(feed) if feed is not None else None
+        return top_future(self._device_logits(batch, kv_cache, tokens), k, start, self._greedy_reduce)
+
+    def _fed_tokens(self, feed: Feed) -> Tensor:
+        """A Feed's tokens [T] as a device tensor, read from the source's argmax where it lies."""
+        argmax = feed.source.argmax
+        if not isinstance(argmax, Tensor):  # a source computed on the host
+            return torch.from_numpy(feed.host_tokens()).to(self.device)
+        if np.array_equal(feed.rows, np.arange(len(feed.rows))):
+            return argmax[:len(feed.rows)]
+        rows = torch.from_numpy(np.ascontiguousarray(feed.rows, dtype=np.int64))
+        if self.device.type == "cuda":  # pinned, so that the copy does not wait for the device
+            rows = rows.pin_memory().to(self.device, non_blocking=True)
+        return argmax.index_select(0, rows)
+
     @torch.no_grad()
-    def _device_logits(self, batch: Batch, kv_cache: TorchKVCache) -> Tensor:
-        """Logits [R, V] left on the device: through a CUDA graph for decode batches if captured."""
+    def _device_logits(self, batch: Batch, kv_cache: TorchKVCache, tokens: Tensor | None = None) -> Tensor:
+        """Logits [R, V] left on the device: through a CUDA graph for decode batches if captured.
+        ``tokens`` [T] on the device replace the batch's token ids (a Feed)."""
         if batch.num_tokens == batch.num_seqs and self.compile and not self._announced_compile:
             self._announce_compile()
             with progress.task("torch.compile: first decode step"):  # a spinner: one long call
-                return self._graph_or_step(batch, kv_cache)
-        return self._graph_or_step(batch, kv_cache)
+                return self._graph_or_step(batch, kv_cache, tokens)
+        return self._graph_or_step(batch, kv_cache, tokens)
 
-    def _graph_or_step(self, batch: Batch, kv_cache: TorchKVCache) -> Tensor:
+    def _graph_or_step(self, batch: Batch, kv_cache: TorchKVCache, tokens: Tensor | None = None) -> Tensor:
         # Not through _device_logits again: a subclass (a tensor-parallel shard) wraps that one,
         # and must see each step once.
         graphs = self._decode_graphs(batch, kv_cache)
         if graphs is not None:
             size = graphs.padded_size(batch.num_seqs)
             if size is not None:
-                return graphs.run(batch, size)
+                return graphs.run(batch, size, tokens)
         step = self._step_inputs(batch, kv_cache.page_size)
+        if tokens is not None:
+            step = dataclasses.replace(step, token_ids=tokens)
         return self._forward_step(step, kv_cache)
 
     # ------------------------------------------------------------------ the model
@@ -408,10 +441,64 @@ def _uniform_tokens_per_seq(batch: Batch) -> int | None:
 
 def device_top(logits: Tensor, k: int) -> TopLogits:
     """The top k ids and values of each row of logits [R, V], and its log-sum-exp, on the host."""
+    return top_future(logits, k).result()
+
+
+def top_future(logits: Tensor, k: int, start: Any = None,
+               reduce: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None) -> TopFuture:
+    """device_top queued behind the step: on CUDA the ids, values and log-sum-exp are copied to
+    pinned host memory without waiting, and an event marks when they have landed (``start``, an
+    event recorded before the step, times the step on the device). ``reduce`` is greedy_reduce,
+    or the runner's compiled copy of it."""
+    reduce = reduce or greedy_reduce
     logits = logits.float()
-    values, ids = torch.topk(logits, k, dim=-1)
-    lse = torch.logsumexp(logits, dim=-1)
-    return TopLogits(ids.cpu().numpy(), values.cpu().numpy(), lse.cpu().numpy())
+    parts: tuple[Tensor, ...]
+    if k == 1:  # greedy without logprobs: one fused reduction, one copy to the host
+        argmax, packed = reduce(logits)  # [R], [R, 3]
+        parts = (packed,)
+    else:
+        values, ids = torch.topk(logits, k, dim=-1)  # [R, k]
+        argmax, parts = ids[:, 0], (ids, values, torch.logsumexp(logits, dim=-1))
+    if logits.device.type != "cuda":
+        top = _unpack_top([t.numpy() for t in parts])
+        return TopFuture(argmax, lambda: top)
+    host = [t.to("cpu", non_blocking=True) for t in parts]
+    landed = torch.cuda.Event(enable_timing=start is not None)
+    landed.record()
+
+    def wait() -> TopLogits:
+        landed.synchronize()
+        return _unpack_top([t.numpy() for t in host])
+
+    seconds = (lambda: start.elapsed_time(landed) / 1e3) if start is not None else (lambda: None)
+    return TopFuture(argmax, wait, seconds)
+
+
+def greedy_reduce(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's argmax [R] (the lowest id on ties, as the reference picks), and (max, argmax,
+    log-sum-exp) [R, 3] in float64 (ids exact) for one copy to the host. A max is far cheaper
+    than a top-k selection over a large vocabulary; compiled, it is two fused passes."""
+    values, ids = logits.max(dim=-1)
+    lse = values + torch.log(torch.exp(logits - values[:, None]).sum(dim=-1))
+    return ids, torch.stack([values.double(), ids.double(), lse.double()], dim=1)
+
+
+def _unpack_top(host: list[np.ndarray]) -> TopLogits:
+    """TopLogits from what top_future copied: (ids, values, log-sum-exp), or greedy_reduce's pack."""
+    if len(host) == 3:
+        return TopLogits(*host)
+    packed = host[0]  # [R, 3]
+    return TopLogits(packed[:, 1:2].astype(np.int64), packed[:, 0:1].astype(np.float32),
+                     packed[:, 2].astype(np.float32))
+
+
+def _timing_event(device: torch.device) -> Any:
+    """A CUDA event recorded now on the current stream (None off CUDA): a step's start."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
 
 def _triton_decode_attention() -> Callable[..., Tensor] | None:

@@ -46,8 +46,11 @@ class DecodeGraphs:
         self.scratch_page = scratch_page
         # One int64 buffer: token ids, positions, slots (max_batch q each), then page tables.
         size = 3 * self.max_batch * self.q + self.max_batch * table_width
-        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=True)
-        self.host_array = self.host.numpy()  # the same pinned memory, written from NumPy
+        # Two pinned staging buffers, used in turn: with steps queued ahead (asynchronous
+        # scheduling) the host writes one while the other's copy may still wait on the device.
+        self.hosts = [torch.zeros(size, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+        self.copied: list[Any] = [None, None]  # per buffer, an event after its last copy
+        self.turn = 0
         self.inputs = torch.zeros(size, dtype=torch.int64, device=device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.timers: dict[int, Any] = {}  # per size, timers the runner recorded into the graph
@@ -72,10 +75,10 @@ class DecodeGraphs:
         tables = buffer[3 * mb:].reshape(self.max_batch, self.table_width)
         return buffer[:rows], buffer[mb:mb + rows], buffer[2 * mb:2 * mb + rows], tables[:size]
 
-    def _stage(self, batch: Batch, size: int) -> int:
-        """Write the batch, padded to `size` rows, into the pinned buffer; return elements used."""
+    def _stage(self, batch: Batch, size: int, host: Tensor) -> int:
+        """Write the batch, padded to `size` rows, into a pinned buffer; return elements used."""
         n = batch.num_tokens  # num_seqs q rows
-        tokens, positions, slots, tables = self._views(self.host_array, size)
+        tokens, positions, slots, tables = self._views(host.numpy(), size)
         tokens[:n], positions[:n], slots[:n] = batch.token_ids, batch.positions, batch.slot_mapping
         tokens[n:], positions[n:], slots[n:] = 0, 0, self.scratch_slot
         for row, table in enumerate(batch.page_tables):
@@ -83,13 +86,22 @@ class DecodeGraphs:
         tables[batch.num_seqs:, 0] = self.scratch_page
         return 3 * self.max_batch * self.q + size * self.table_width
 
-    def run(self, batch: Batch, size: int) -> Tensor:
-        """Decode one batch through the graph for `size` rows (captured first if new).
+    def run(self, batch: Batch, size: int, tokens: Tensor | None = None) -> Tensor:
+        """Decode one batch through the graph for `size` rows (captured first if new); ``tokens``
+        [B q] on the device, if given, replace the batch's token ids.
 
         Returns the graph's own logits buffer [B q, V] on the device, valid until the next replay.
         """
-        used = self._stage(batch, size)
-        self.inputs[:used].copy_(self.host[:used], non_blocking=True)
+        turn, self.turn = self.turn, self.turn ^ 1
+        host = self.hosts[turn]
+        if self.copied[turn] is not None:
+            self.copied[turn].synchronize()  # its copy of two launches ago has long landed
+        used = self._stage(batch, size, host)
+        self.inputs[:used].copy_(host[:used], non_blocking=True)
+        self.copied[turn] = torch.cuda.Event()
+        self.copied[turn].record()
+        if tokens is not None:
+            self._views(self.inputs, size)[0][:batch.num_tokens].copy_(tokens)
         if size not in self.graphs:
             self.graphs[size] = self._capture(size)
         graph, logits = self.graphs[size]

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
-from tinyinfer.runners.runner import Batch, RankTiming, RunnerInfo, TopLogits
+from tinyinfer.runners.runner import Batch, Feed, RankTiming, RunnerInfo, TopFuture, TopLogits, fed_batch
 from tinyinfer.runners.torch_fast import TorchKVCache
 from tinyinfer.runners.tp.shard import ShardRunner
 
@@ -149,6 +149,11 @@ class TensorParallelRunner:
         top = self._step(batch, kv_cache, k)
         assert isinstance(top, TopLogits)
         return top
+
+    def launch_top(self, batch: Batch, kv_cache: TensorParallelKVCache, k: int,
+                   feed: Feed | None = None) -> TopFuture:
+        """forward_top, computed now: every rank answers before the step returns."""
+        return TopFuture.done(self.forward_top(fed_batch(batch, feed), kv_cache, k))
 
     # ------------------------------------------------------------------ lifecycle
 

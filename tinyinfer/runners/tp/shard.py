@@ -392,14 +392,14 @@ class ShardRunner(TorchRunner):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _device_logits(self, batch: Batch, kv: TorchKVCache) -> Tensor:
+    def _device_logits(self, batch: Batch, kv: TorchKVCache, tokens: Tensor | None = None) -> Tensor:
         """TorchRunner's step; a replayed graph's collectives are timed by the spans it captured."""
         graphs = self._decode_graphs(batch, kv)
         size = graphs.padded_size(batch.num_seqs) if graphs is not None else None
         if graphs is None or size is None:
-            return super()._device_logits(batch, kv)
+            return super()._device_logits(batch, kv, tokens)
         new = size not in graphs.graphs
-        logits = super()._device_logits(batch, kv)
+        logits = super()._device_logits(batch, kv, tokens)
         if new:
             graphs.timers[size] = self.clock.take_captured()
         self.clock.reset(graphs.timers[size])

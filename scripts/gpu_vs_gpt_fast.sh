@@ -5,6 +5,7 @@
 #   bash scripts/gpu_vs_gpt_fast.sh GPT_FAST_CHECKOUT OUT_DIR [SECONDS_BUDGET]
 # RUNS="name:limit ..." picks runs; a name is tinyinfer_PRESET_WEIGHTS or gptfast_PRESET_WEIGHTS,
 # WEIGHTS one of bf16, int8, int4, int8head, int4head (the LM head quantized too).
+# TINYINFER_FLAGS adds options to every tinyinfer run (e.g. --async-scheduling).
 # Every result lands in OUT_DIR/NAME.json; OUT_DIR/summary.json gathers them. gpt-fast's rate is
 # its own: new tokens over the wall time of whole generate calls (prefill included), so it sits
 # beside tinyinfer's "request tok/s"; tinyinfer's "decode tok/s" is one over its median TPOT.
@@ -32,7 +33,7 @@ for entry in ${RUNS:-tinyinfer_llama-3-8b_bf16:100 gptfast_llama-3-8b_bf16:120 \
   [ "${weights%head}" != "$weights" ] && flags="$flags --quantize-head"
   if [ "$engine" = tinyinfer ]; then
     timeout "$limit" python3 -m tinyinfer bench latency --preset "$preset" --runner torch $common \
-      $flags --json "$out/$name.json" 2>&1 | grep -v "UserWarning\|warnings.warn\|^tinyinfer: "
+      $flags ${TINYINFER_FLAGS:-} --json "$out/$name.json" 2>&1 | grep -v "UserWarning\|warnings.warn\|^tinyinfer: "
   else
     timeout "$limit" python3 scripts/peer_gpt_fast.py --gpt-fast "$peer" --preset "$preset" \
       --quantize "$quant" $common --json "$out/$name.json" 2>&1 | grep "^gpt-fast\|Error"

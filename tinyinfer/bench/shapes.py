@@ -17,7 +17,6 @@ Each row names the weights it ran: the format, or the float dtype.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
 import statistics
 import time
@@ -255,9 +254,11 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
     ttfts, tpots, ranked, requests, idle = [], [], [], [], []
     with progress.task(f"latency: steps ({repeats} runs + warm-up)",
                        total=(repeats + 1) * decode_tokens) as advance:
+        # One engine for every run: CUDA graphs belong to its KV cache, so they are captured in
+        # the warm-up run only. Each run's prompt is new random tokens: no prefix-cache hit.
+        engine = Engine(model, max_num_seqs=1, max_num_batched_tokens=max(prompt_tokens, 512),
+                        detail="none", async_scheduling=async_scheduling)
         for run in range(repeats + 1):
-            engine = Engine(model, max_num_seqs=1, max_num_batched_tokens=max(prompt_tokens, 512),
-                            detail="none", async_scheduling=async_scheduling)
             engine.add_request(rng.integers(0, model.config.vocab_size, prompt_tokens).tolist(), params)
             step_times, step_ranks, device = [], [], []
             while engine.has_unfinished():
@@ -276,11 +277,6 @@ def bench_latency(model: Model, prompt_tokens: int = 512, decode_tokens: int = 1
                     idle.append(100 * max(0.0, 1 - sum(device) / sum(step_times)))
             else:
                 warmup_s = sum(step_times)
-            # Free this run's KV cache and its CUDA graphs now, not inside the next run's timed
-            # first step (a tensor-parallel runner frees a dropped cache at its next command; a
-            # cache and its graphs form a cycle that waits for the garbage collector).
-            del engine
-            gc.collect()
     kv_read = info.kv_bytes_per_token(model.config) * (prompt_tokens + decode_tokens // 2) // ranks
     bytes_per_step = weight_bytes(model) + kv_read
     tpot = statistics.median(tpots)

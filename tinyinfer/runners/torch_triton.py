@@ -142,6 +142,39 @@ def _store_kv_kernel(
 
 
 @triton.jit
+def attend_block(q1, q2, m, l, acc1, acc2, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+                 slot, n_ok, visible, kv_head, d, d_ok, scale, dtype,
+                 NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr, KV_INT8: tl.constexpr):
+    """One block of keys through flash attention's online softmax, for the decode and the
+    prefill kernel alike: the keys' cache slots ``slot`` [BLOCK_N] (``n_ok``: real keys),
+    ``visible`` which scores count ([rows, BLOCK_N], or [1, BLOCK_N] for every row); the running
+    max ``m``, sum ``l`` and weighted values ``acc1``/``acc2`` (head halves) come back updated."""
+    head_dim = 2 * HALF
+    nd_at = (slot * (NUM_KV_HEADS * head_dim) + kv_head * head_dim)[:, None] + d[None, :]  # [BLOCK_N, half]
+    nd_ok = n_ok[:, None] & d_ok[None, :]
+    kb1 = tl.load(k_cache_ptr + nd_at, mask=nd_ok, other=0).to(dtype)
+    kb2 = tl.load(k_cache_ptr + nd_at + HALF, mask=nd_ok, other=0).to(dtype)
+    vb1 = tl.load(v_cache_ptr + nd_at, mask=nd_ok, other=0).to(dtype)
+    vb2 = tl.load(v_cache_ptr + nd_at + HALF, mask=nd_ok, other=0).to(dtype)
+    s = tl.dot(q1, tl.trans(kb1), input_precision="ieee")
+    s = tl.dot(q2, tl.trans(kb2), s, input_precision="ieee") * scale  # [rows, BLOCK_N]
+    scale_at = slot * NUM_KV_HEADS + kv_head  # int8 K/V's scales
+    if KV_INT8:  # each key's scale multiplies its column of scores
+        s = s * tl.load(k_scale_ptr + scale_at, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    if KV_INT8:  # each value's scale multiplies the weights that meet it
+        p = p * tl.load(v_scale_ptr + scale_at, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    p = p.to(dtype)
+    acc1 = tl.dot(p, vb1, acc1 * alpha[:, None], input_precision="ieee")
+    acc2 = tl.dot(p, vb2, acc2 * alpha[:, None], input_precision="ieee")
+    return m_new, l, acc1, acc2
+
+
+@triton.jit
 def _paged_decode_kernel(
     qkv_ptr, out_ptr, part_acc_ptr, part_ml_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
     positions_ptr, slots_ptr, block_tables_ptr, k_scale_ptr, v_scale_ptr,
@@ -200,29 +233,10 @@ def _paged_decode_kernel(
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < end
         page = tl.load(tables + n // PAGE_SIZE, mask=n_ok, other=0)
-        at = (page * PAGE_SIZE + n % PAGE_SIZE) * (NUM_KV_HEADS * head_dim) + kv_head * head_dim
-        nd_at = at[:, None] + d[None, :]  # [BLOCK_N, half]
-        nd_ok = n_ok[:, None] & d_ok[None, :]
-        kb1 = tl.load(k_cache_ptr + nd_at, mask=nd_ok, other=0).to(dtype)
-        kb2 = tl.load(k_cache_ptr + nd_at + HALF, mask=nd_ok, other=0).to(dtype)
-        vb1 = tl.load(v_cache_ptr + nd_at, mask=nd_ok, other=0).to(dtype)
-        vb2 = tl.load(v_cache_ptr + nd_at + HALF, mask=nd_ok, other=0).to(dtype)
-        s = tl.dot(q1, tl.trans(kb1), input_precision="ieee")
-        s = tl.dot(q2, tl.trans(kb2), s, input_precision="ieee") * scale
-        scale_at = (page * PAGE_SIZE + n % PAGE_SIZE) * NUM_KV_HEADS + kv_head  # int8 K/V's scales
-        if KV_INT8:  # each key's scale multiplies its column of scores
-            s = s * tl.load(k_scale_ptr + scale_at, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        s = tl.where(n_ok[None, :], s, float("-inf"))  # [G, BLOCK_N]
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        if KV_INT8:  # each value's scale multiplies the weights that meet it
-            p = p * tl.load(v_scale_ptr + scale_at, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        p = p.to(dtype)
-        acc1 = tl.dot(p, vb1, acc1 * alpha[:, None], input_precision="ieee")
-        acc2 = tl.dot(p, vb2, acc2 * alpha[:, None], input_precision="ieee")
-        m = m_new
+        m, l, acc1, acc2 = attend_block(
+            q1, q2, m, l, acc1, acc2, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+            page * PAGE_SIZE + n % PAGE_SIZE, n_ok, n_ok[None, :], kv_head, d, d_ok, scale, dtype,
+            NUM_KV_HEADS, HALF, KV_INT8)
         start += BLOCK_N
 
     if NUM_SPLITS == 1:

@@ -29,7 +29,7 @@ import triton.language as tl
 from torch import Tensor
 
 from tinyinfer.runners.torch_layers import PrefillChunks
-from tinyinfer.runners.torch_triton import kernel_shape, store_kv
+from tinyinfer.runners.torch_triton import attend_block, kernel_shape, store_kv
 
 QUERY_TILE = 16  # query tokens per program
 BLOCK_KEYS = 64  # keys per step of the loop
@@ -84,30 +84,10 @@ def _paged_prefill_kernel(
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n <= last
         page = tl.load(tables + n // PAGE_SIZE, mask=n_ok, other=0)
-        slot = page * PAGE_SIZE + n % PAGE_SIZE
-        at = slot * (NUM_KV_HEADS * head_dim) + kv_head * head_dim
-        nd_at = at[:, None] + d[None, :]  # [BLOCK_N, half]
-        nd_ok = n_ok[:, None] & d_ok[None, :]
-        kb1 = tl.load(k_cache_ptr + nd_at, mask=nd_ok, other=0).to(dtype)
-        kb2 = tl.load(k_cache_ptr + nd_at + HALF, mask=nd_ok, other=0).to(dtype)
-        vb1 = tl.load(v_cache_ptr + nd_at, mask=nd_ok, other=0).to(dtype)
-        vb2 = tl.load(v_cache_ptr + nd_at + HALF, mask=nd_ok, other=0).to(dtype)
-        s = tl.dot(q1, tl.trans(kb1), input_precision="ieee")
-        s = tl.dot(q2, tl.trans(kb2), s, input_precision="ieee") * scale  # [rows, BLOCK_N]
-        scale_at = slot * NUM_KV_HEADS + kv_head  # int8 K/V's scales
-        if KV_INT8:  # each key's scale multiplies its column of scores
-            s = s * tl.load(k_scale_ptr + scale_at, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))  # causal
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        if KV_INT8:  # each value's scale multiplies the weights that meet it
-            p = p * tl.load(v_scale_ptr + scale_at, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        p = p.to(dtype)
-        acc1 = tl.dot(p, vb1, acc1 * alpha[:, None], input_precision="ieee")
-        acc2 = tl.dot(p, vb2, acc2 * alpha[:, None], input_precision="ieee")
-        m = m_new
+        m, l, acc1, acc2 = attend_block(
+            q1, q2, m, l, acc1, acc2, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+            page * PAGE_SIZE + n % PAGE_SIZE, n_ok, n[None, :] <= pos[:, None], kv_head, d, d_ok,
+            scale, dtype, NUM_KV_HEADS, HALF, KV_INT8)  # causal
         start += BLOCK_N
 
     out_at = out_ptr + row[:, None] * (NUM_HEADS * head_dim) + heads[:, None] * head_dim + d[None, :]

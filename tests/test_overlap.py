@@ -184,5 +184,5 @@ def test_generate_command_streams_the_same_text_with_async_scheduling():
     assert overlapped.stdout == plain.stdout and len(plain.stdout) > len("ROMEO:") + 20
     refused = generate("--async-scheduling", "--speculative", "lookup")
     assert refused.returncode == 2 and refused.stdout == ""
-    assert refused.stderr == ("tinyinfer: error: async_scheduling does not overlap speculative "
-                              "decoding steps: drop the drafter or async_scheduling\n")
+    assert refused.stderr == ("tinyinfer: error: --async-scheduling does not overlap speculative "
+                              "decoding steps: drop --async-scheduling or --speculative\n")

@@ -187,6 +187,19 @@ async def test_d_switches_speculative_decoding(model):
         assert screen.session.engine.drafter is None and not panel.display
 
 
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_waiting_messages_wrap_instead_of_being_cut(model, size):
+    async with make_app(model).run_test(size=size) as pilot:
+        screen = await started(pilot)
+        for panel, ending in ((NextTokenPanel, "prefill step."), (AttentionPanel, "with prefill.")):
+            widget = screen.query_one(panel)
+            if not widget.display:
+                continue
+            lines = shown(widget).splitlines()
+            assert len(lines) > 1 and lines[-1].endswith(ending)
+            assert max(len(line) for line in lines) <= widget.content_size.width
+
+
 @pytest.mark.skipif(importlib.util.find_spec("tinyinfer.runners.torch_fast") is None,
                     reason="the torch runner module tinyinfer.runners.torch_fast is not present")
 async def test_torch_runner_updates_panels_and_labels_attention(text_model_folder):

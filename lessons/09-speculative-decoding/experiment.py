@@ -146,7 +146,7 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
             predicted = "1.00x" if r is base else "n/a (guesses vary)"
         speedup = ratios(Spread(tuple(base.seconds)), Spread(tuple(r.seconds)))
         rows.append((name, r.target_passes, f"{base.target_passes / r.target_passes:.2f}x",
-                     f"{100 * r.acceptance:.0f}%", r.per_pass, f"{cost:.2f}", predicted,
+                     f"{100 * r.acceptance:.0f}%", f"{r.per_pass:.2f}", f"{cost:.2f}", predicted,
                      f"{statistics.median(r.seconds):.2f} s", f"{speedup.median:.2f}x "
                      f"({speedup.low:.2f}-{speedup.high:.2f})", "yes" if r.texts == base.texts else "NO"))
     print(table(("decoding", "target passes", "fewer passes", "acceptance", "tokens/pass",

@@ -250,6 +250,9 @@ def _bench_speculative(model, args: argparse.Namespace):
 def cmd_generate(args: argparse.Namespace) -> int:
     import tinyinfer
 
+    if args.async_scheduling and args.speculative:  # refused before any model loads
+        raise TinyInferError("--async-scheduling does not overlap speculative decoding steps: drop "
+                             "--async-scheduling or --speculative")
     params = sampling_params(args)
     model = load_model(args)
     # Asynchronous scheduling keeps no step-by-step trace (detail "none"); generate reads none.

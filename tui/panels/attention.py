@@ -15,7 +15,7 @@ from textual.reactive import reactive
 from tui.drawing import visible
 from tui.frames import SeqView
 from tui.palette import seq_color
-from tui.panels.base import Panel, pack
+from tui.panels.base import Panel, pack, sentence
 
 SHADES = " ░▒▓█"
 
@@ -54,15 +54,15 @@ class AttentionPanel(Panel):
                    f"the {self.runner} runner. Start with --runner numpy to see them.")
         else:
             why = "No attention recorded for this sequence yet."
-        return Text(why, style="dim")
+        return sentence(why, self.content_size.width)
 
     def render(self) -> Text:
         frame = self.frame
         seq = frame.focus(self.focus_seq) if frame else None
         rows = [p for p in (seq.samples if seq else ()) if p.attention]
         if seq is None or not seq.samples:
-            return Text("No token sampled yet: the first attention row comes with prefill.",
-                        style="dim")
+            return sentence("No token sampled yet: the first attention row comes with prefill.",
+                            self.content_size.width)
         if not rows:
             return self.unavailable()
         n_layers, n_heads = len(rows[-1].attention), len(rows[-1].attention[0])

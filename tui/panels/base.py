@@ -51,3 +51,8 @@ def pack(cells: Sequence[Text], width: int, indent: int = 0) -> list[Text]:
             line.append(" ")
         line.append_text(cell)
     return lines
+
+
+def sentence(text: str, width: int, style: str = "dim") -> Text:
+    """A message on as many lines of `width` as it needs, broken between words, never cut."""
+    return Text("\n").join(pack([Text(word, style) for word in text.split()], max(20, width)))

@@ -18,7 +18,7 @@ from tinyinfer.trace import SeqStep
 from tui.drawing import visible
 from tui.frames import Frame
 from tui.palette import seq_color
-from tui.panels.base import Panel
+from tui.panels.base import Panel, sentence
 
 TOKEN_WIDTH = 10
 
@@ -104,8 +104,8 @@ class NextTokenPanel(Panel):
         seq = frame.focus(self.focus_seq) if frame else None
         part = seq.last_sample if seq else None
         if frame is None or seq is None or part is None:
-            return Text("No token sampled yet: the first one comes out of the prefill step.",
-                        style="dim")
+            return sentence("No token sampled yet: the first one comes out of the prefill step.",
+                            self.content_size.width)
         width = self.content_size.width
         bar_width = max(3, (width - TOKEN_WIDTH - 14) // 2)
         engine = {c.token_id: c.prob for c in part.candidates}

@@ -10,7 +10,7 @@ from textual.reactive import reactive
 from tinyinfer.model import Model
 from tinyinfer.quant import Histogram, LayerError
 from tui.drawing import FULL_SCALE, error_bar, short_name
-from tui.panels.base import Panel, pack
+from tui.panels.base import Panel, pack, sentence
 from tui.session import precision_of
 
 PRECISIONS = ("fp32", "int8", "int4")  # the m key cycles through these
@@ -71,7 +71,7 @@ class QuantizationPanel(Panel):
     def render(self) -> Text:
         report = self.quant_report
         if report is None:
-            return Text("Measuring the rounding error of every linear weight …", style="dim")
+            return sentence("Measuring the rounding error of every linear weight …", self.content_size.width)
         out = Text(f"weights {report.precision}", style="bold")
         if report.note:
             out.append(f"\n{report.note}", "dim")

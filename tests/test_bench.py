@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import tinyinfer
 from tinyinfer.bench import shapes as bs
 from tinyinfer.bench import workloads as bench
@@ -217,6 +219,17 @@ def test_latency_with_async_scheduling_names_it_and_reports_no_idle_share_off_th
     # The device-idle share needs CUDA events: a CPU run leaves it blank rather than guess.
     assert plain[header.index("device idle %")] == overlapped[header.index("device idle %")] == "–"
     assert results[1].async_scheduling and results[1].device_idle_pct is None
+
+
+@pytest.mark.parametrize("options", [["--speculative", "lookup"], ["--num-draft", "2", "--task", "rewrite"],
+                                     ["--acceptance", "0.5"]])
+def test_speculative_options_are_refused_for_other_workloads(options):
+    """An option only bench speculative reads is an error elsewhere, not silently ignored."""
+    done = cli("bench", "latency", *options)
+    named = " ".join(o for o in options if o.startswith("--")).replace(" ", ", ")
+    assert done.returncode == 2
+    assert done.stderr == (f"tinyinfer: error: {named} applies to bench speculative only: drop it "
+                           "for bench latency\n")
 
 
 def test_async_scheduling_is_refused_where_bench_cannot_use_it():

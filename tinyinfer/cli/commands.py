@@ -93,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_alias(bench, "--decode-tokens", "max_tokens", type=positive_int)
     bench.add_argument("--system-tokens", type=positive_int, default=512, metavar="N",
                        help="shared prefix length (prefix)")
-    bench.add_argument("--speculative", choices=("draft", "lookup", "oracle"), default="draft",
-                       help="drafter for the speculative workload; oracle: the draft model runs "
+    bench.add_argument("--speculative", choices=("draft", "lookup", "oracle"), default=None,
+                       help="drafter for the speculative workload (default draft); oracle: the draft model runs "
                             "for its cost while the target's own greedy tokens are proposed, "
                             "each kept with chance --acceptance")
     bench.add_argument("--draft-model", default=None,
@@ -102,10 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "the llama-3.2-1b shape)")
     bench.add_argument("--acceptance", type=float, default=None, metavar="A",
                        help="per-token acceptance of the oracle drafter, 0..1 (default 0.8)")
-    bench.add_argument("--num-draft", type=positive_int, default=4, metavar="K",
-                       help="tokens drafted per step (speculative)")
-    bench.add_argument("--task", choices=("continue", "rewrite"), default="continue",
-                       help="speculative prompts: continue a cue, or rewrite a given passage")
+    bench.add_argument("--num-draft", type=positive_int, default=None, metavar="K",
+                       help="tokens drafted per step (speculative; default 4)")
+    bench.add_argument("--task", choices=("continue", "rewrite"), default=None,
+                       help="speculative prompts: continue a cue (default), or rewrite a given passage")
     bench.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload")
     add_async_scheduling_arg(bench)
     add_json(bench, "the results")
@@ -114,7 +114,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Options of bench speculative alone, and their defaults there.
+SPECULATIVE_OPTIONS = {"speculative": "draft", "draft_model": None, "num_draft": 4, "task": "continue",
+                       "acceptance": None}
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.workload != "speculative":
+        given = [f"--{name.replace('_', '-')}" for name in SPECULATIVE_OPTIONS
+                 if getattr(args, name) is not None]
+        if given:
+            raise TinyInferError(f"{', '.join(given)} applies to bench speculative only: drop it "
+                                 f"for bench {args.workload}")
+    for name, default in SPECULATIVE_OPTIONS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if args.acceptance is not None and args.speculative != "oracle":
         raise TinyInferError("--acceptance sets the oracle drafter's rate: add --speculative oracle")
     if args.acceptance is not None and not 0 <= args.acceptance <= 1:

@@ -5,20 +5,15 @@ kernel, run by Triton's CPU interpreter, against the torch version."""
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import tinyinfer
+from tests.interpreted import run_interpreted
 from tinyinfer.errors import TinyInferError
 from tinyinfer.runners import torch_layers
-
-REPO = Path(__file__).resolve().parents[1]
 
 # Packed sequences as a step feeds them: (tokens already in the cache, new tokens) each — a whole
 # prompt over several key blocks and query tiles, one token after a cached prefix, a chunk that
@@ -122,11 +117,7 @@ def test_triton_prefill_kernel_matches_torch_version_in_interpreter(kv_cache_dty
                 "    assert all(torch.equal(a, b) for a, b in zip(got_cache, ref_cache))\n"
                 "print('ok')\n"
             ) % (SHAPES, kv_cache_dtype == "int8"))
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    run_interpreted(code)
 
 
 def test_prefill_attention_option_is_checked_and_described(oracle_model):
@@ -164,8 +155,4 @@ def test_runner_steps_through_the_triton_prefill_kernel_as_through_the_torch_ver
         "    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max(), np.abs(got - ref).max()\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    run_interpreted(code)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.interpreted import run_interpreted
 import tinyinfer
 from tinyinfer.cli import quantize as cli_quantize
 from tinyinfer.errors import CheckpointError, TinyInferError
@@ -315,8 +316,4 @@ print("ok")
                     reason="triton is not installed; scripts/gpu_quant_bench.py --head checks the kernels on a GPU")
 def test_the_kernels_compute_the_head_in_the_interpreter():
     """The Triton product at LM-head shapes (vocab x hidden), run by Triton's CPU interpreter."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", TRITON_HEAD], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    run_interpreted(TRITON_HEAD)

@@ -8,21 +8,17 @@ GPU, the compiled kernels and the torch runner using them (marked ``gpu``).
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from tests.interpreted import run_interpreted
 from tinyinfer.errors import TinyInferError
 from tinyinfer.quant import QuantConfig, dequantize, quantize, stored_codes
 from tinyinfer.runners import quant_words
 from tinyinfer.runners import torch_layers as layers
 
-REPO = Path(__file__).resolve().parents[1]
 FORMATS = ["int8", "int8-g32", "int8-g64", "int8-g128", "int4-g32", "int4-g64", "int4-g128",
            "int4-g32-asym", "int4-g64-asym", "int4-g128-asym", "int4-g32-min", "int4-g128-min"]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -140,11 +136,7 @@ print("ok")
 def test_the_kernels_compute_the_dequantized_product_in_the_interpreter():
     """Every program kind (elementwise, matrix units, split K) on float32 inputs, run by Triton's
     CPU interpreter: within 1e-5 of x @ dequantize(W)^T."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    run_interpreted(INTERPRETED)
 
 
 @pytest.mark.gpu
@@ -266,11 +258,7 @@ def test_prefill_dequantizes_exactly_in_the_interpreter():
     """Many rows: the dequantize kernels give the reference's weights bit for bit (words) and put
     each nibble of torch's tiled layout where the tile map says; the product through buffer chunks
     is within 1e-5 of x @ dequantize(W)^T (float32, Triton's CPU interpreter)."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", PREFILL_INTERPRETED], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    run_interpreted(PREFILL_INTERPRETED)
 
 
 @pytest.mark.gpu

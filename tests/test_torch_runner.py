@@ -14,6 +14,7 @@ import torch
 
 import tinyinfer
 from tests.conftest import ORACLE_CONFIGS
+from tests.interpreted import run_interpreted
 from tinyinfer.config import config_from_dict
 from tinyinfer.engine_config import EngineConfig
 from tinyinfer.errors import TinyInferError
@@ -208,11 +209,7 @@ def test_triton_decode_kernel_matches_torch_version_in_interpreter(kv_cache_dtyp
         "        assert all(torch.equal(a, b) for a, b in zip(cache, ref_cache))\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    run_interpreted(code, timeout=300)
 
 
 # q new tokens for each of three sequences, as a verification step feeds the attention: the
@@ -304,11 +301,7 @@ def test_triton_kernel_verifies_drafts_row_for_row_as_it_decodes(kv_cache_dtype)
         "        assert all(torch.equal(a, b) for a, b in zip(step_cache, got_cache))\n"
         "print('ok')\n"
     ) % (VERIFY_SHAPES, kv_cache_dtype == "int8")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    run_interpreted(code)
 
 
 def test_forward_top_agrees_with_full_logits(oracle_model):

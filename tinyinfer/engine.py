@@ -856,7 +856,7 @@ class OverlapSteps:
         eng = self.engine
         t1 = time.perf_counter()
         # Placeholder tokens: the Feed puts current's argmax in their place on the runner's side.
-        batch = make_batch([([0], c.start, eng.pool.page_table(c.seq.seq_id), False) for c in out.chunks],
+        batch = make_batch([([0], c.start, eng.pool.pages(c.seq.seq_id), False) for c in out.chunks],
                            eng.pool.page_size)
         assert current.future is not None
         try:

@@ -250,8 +250,9 @@ class TorchRunner:
         return self._device_logits(batch, kv_cache).float().cpu().numpy()
 
     def forward_top(self, batch: Batch, kv_cache: TorchKVCache, k: int) -> TopLogits:
-        """The same forward pass, reducing logits to their top k per row on the device."""
-        return device_top(self._device_logits(batch, kv_cache), k)
+        """The same forward pass, reducing logits to their top k per row on the device
+        (``launch_top``, waited for: one reduction, the one the engine's steps use)."""
+        return self.launch_top(batch, kv_cache, k).result()
 
     def launch_top(self, batch: Batch, kv_cache: TorchKVCache, k: int,
                    feed: Feed | None = None) -> TopFuture:

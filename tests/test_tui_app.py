@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+from rich.cells import cell_len
 
 import tinyinfer
 from tests.tui_pilot import settle, started
@@ -25,6 +26,7 @@ from tui.panels import (
 )
 from tui.panels.narration import NarrationPanel
 from tui.scenarios import SCENARIOS
+from tui.statusbar import StatusPart, fit, line_text
 from tui.screens.help import HelpScreen
 from tui.screens.loading import LoadingScreen
 from tui.screens.prompt import PromptScreen
@@ -185,6 +187,30 @@ async def test_d_switches_speculative_decoding(model):
         assert panel.display, "a run with speculation starts with its panel in the shared slot"
         await press(pilot, "d")
         assert screen.session.engine.drafter is None and not panel.display
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_status_line_drops_its_least_important_parts_to_fit(model, size):
+    async with make_app(model, scenario="speculative").run_test(size=size) as pilot:
+        screen = await started(pilot)
+        await press(pilot, "space")
+        line = str(screen.query_one("#status").render())
+        assert cell_len(line) <= size[0], line
+        for kept in ("step 1", "live", screen.session.source.model, "numpy", "drafts: prompt lookup"):
+            assert kept in line, (kept, line)
+        wide = size[0] >= 120
+        assert ("tinyinfer" in line) == wide and (" · speculative" in line) == wide, line
+        assert " · speculative · drafts:" in screen.status_text, "the whole line keeps every part"
+
+
+def test_fit_drops_lowest_ranks_first_and_keeps_the_order():
+    parts = (StatusPart("step 3", 9, 0), StatusPart("live", 5, 0), StatusPart("model", 8, 1),
+             StatusPart("scenario", 1, 1), StatusPart("drafts: x", 6, 1))
+    assert fit(parts, 200) == parts
+    assert line_text(parts) == "step 3 · live │ model · scenario · drafts: x"
+    assert line_text(fit(parts, 33)) == "step 3 · live │ model · drafts: x"
+    assert line_text(fit(parts, 26)) == "step 3 │ model · drafts: x"
+    assert fit(parts, 1) == (parts[0],), "the highest-ranked part always stays"
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)])

@@ -33,7 +33,7 @@ from tui.screens.help import HelpScreen
 from tui.screens.prompt import PromptScreen
 from tui.screens.sampling import SamplingScreen
 from tui.session import DEFAULT_SAMPLING, Session
-from tui.statusbar import StatusBar
+from tui.statusbar import StatusBar, StatusPart, line_text
 
 TOP_K_STEPS = (0, 50, 20, 5, 1)  # fewer candidates to the right (0 is off: all of them)
 TOP_P_STEPS = (1.0, 0.95, 0.9, 0.75, 0.5)  # smaller nucleus to the right
@@ -124,7 +124,7 @@ class RunScreen(Screen):
     features: reactive[frozenset[str]] = reactive(frozenset(), init=False, always_update=True)
     walkthrough: reactive[bool] = reactive(True, init=False)
     running: reactive[bool] = reactive(False, init=False)
-    status_text: reactive[str] = reactive("")
+    status: reactive[tuple[StatusPart, ...]] = reactive(())
     swap: reactive[int] = reactive(0, init=False, always_update=True)
 
     def __init__(self, session: Session, options: Options) -> None:
@@ -143,8 +143,13 @@ class RunScreen(Screen):
         self.set_reactive(RunScreen.drafter, session.source.drafter)
         self.set_reactive(RunScreen.sampling, sampling_for(session))
 
+    @property
+    def status_text(self) -> str:
+        """The whole status line, every part (the bar drops parts when the terminal is narrow)."""
+        return line_text(self.status)
+
     def compose(self) -> ComposeResult:
-        yield StatusBar(id="status").data_bind(text=RunScreen.status_text, running=RunScreen.running)
+        yield StatusBar(id="status").data_bind(parts=RunScreen.status, running=RunScreen.running)
         yield NarrationPanel().data_bind(RunScreen.narration)
         with Grid(id="panels"):
             for cls in PANELS:
@@ -186,11 +191,16 @@ class RunScreen(Screen):
         where = "live" if session.at_end and session.is_live else frames + (
             "end of recording" if session.at_end else "replaying recorded steps")
         source = session.source
-        speculative = f" · drafts: {self.drafter}" if self.drafter else ""
-        precision = f" · {source.precision}" if source.precision else ""
-        split = f" · {session.tensor_parallel} ranks" if session.tensor_parallel > 1 else ""
-        self.status_text = (f"step {frame.steps_done} · {where} │ {source.model} · {source.runner}{split}{precision} · "
-                            f"{source.scenario}{speculative}")
+        parts = [StatusPart(f"step {frame.steps_done}", 9, 0), StatusPart(where, 5, 0),
+                 StatusPart(source.model, 8, 1), StatusPart(source.runner, 7, 1)]
+        if session.tensor_parallel > 1:
+            parts.append(StatusPart(f"{session.tensor_parallel} ranks", 4, 1))
+        if source.precision:
+            parts.append(StatusPart(source.precision, 3, 1))
+        parts.append(StatusPart(source.scenario, 1, 1))
+        if self.drafter:
+            parts.append(StatusPart(f"drafts: {self.drafter}", 6, 1))
+        self.status = tuple(parts)
 
     def watch_narration(self, narration: Narration | None) -> None:
         for panel in self.query(".panel"):

@@ -89,6 +89,32 @@ def test_greedy_verification_from_top_logits_equals_full_rows(pair, drafter_kind
         assert top_draft["launch_top"] > 0 and top_draft == full_draft
 
 
+def test_greedy_draft_rounds_propose_the_draft_models_own_greedy_continuation(pair):
+    """Greedy draft rounds run back to back, each fed the round before's argmax on the runner's
+    side: every draft still equals the draft model's plain greedy continuation of the sequence
+    so far, also when sequences of one step guess different numbers of tokens."""
+    target, draft = pair
+    prompts = repetitive_prompts(4)
+    params = [tinyinfer.SamplingParams(temperature=0, max_tokens=n) for n in (3, 5, 9, 24)]
+    engine = tinyinfer.Engine(target, drafter=DraftModelDrafter(draft), num_draft=4)
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    context = {i: list(p) for i, p in zip(ids, prompts)}
+    seen, lengths = 0, set()
+    while engine.has_unfinished():
+        trace = engine.step()
+        drafts = [s for s in trace.seqs if s.draft_tokens]
+        lengths.add(tuple(sorted(len(s.draft_tokens) for s in drafts)))
+        for s in drafts:
+            own = tinyinfer.Engine(draft).generate([context[s.request_id]], tinyinfer.SamplingParams(
+                temperature=0, max_tokens=len(s.draft_tokens)))[0].token_ids
+            assert list(s.draft_tokens) == own
+            seen += 1
+        for s in trace.seqs:
+            context[s.request_id] += list(s.emitted) if s.draft_tokens else (
+                [] if s.token_id is None else [s.token_id])
+    assert seen > 4 and any(len(set(ks)) > 1 for ks in lengths), "some steps drafted unequal lengths"
+
+
 def test_rejections_leak_no_pages(pair):
     target, draft = pair
     engine = tinyinfer.Engine(target, drafter=DraftModelDrafter(draft), num_draft=5, page_size=4,

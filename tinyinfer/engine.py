@@ -728,41 +728,76 @@ class DraftRun:
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         """Up to ks[i] guesses per sequence: k draft-model rounds, batched over sequences."""
         active = [i for i, (seq, k) in enumerate(zip(seqs, ks)) if k > 0 and self._reserve(seq, k)]
-        tokens: dict[int, list[int]] = {i: [] for i in active}
-        probs: dict[int, list[np.ndarray]] = {i: [] for i in active}
         rounds = max((ks[i] for i in active), default=0)
         # Plainly greedy sequences need only each round's argmax, and their verification no q.
-        greedy = all(is_plain_greedy(seqs[i].params, len(seqs[i].output_ids), 1) for i in active)
-        for _ in range(rounds):
-            live = [i for i in active if len(tokens[i]) < ks[i]]
-            if not live:
-                break
-            feeds, last_rows, rows = [], [], 0
-            for i in live:
-                seq, history = seqs[i], seqs[i].all_ids + tokens[i]
-                start = self.computed[seq.seq_id]
-                # A catch-up of a few tokens (the last guess and the target's bonus token) asks
-                # for every row's logits, as a decode step does, so the runner can replay a
-                # CUDA graph; a long one (the prompt) only for its last row.
-                every_row = len(history) - start <= rounds + 1
-                feeds.append((history[start:], start, self.pool.page_table(seq.seq_id), every_row))
-                rows += len(history) - start if every_row else 1
-                last_rows.append(rows - 1)
-                self.computed[seq.seq_id] = len(history)
-            batch = make_batch(feeds, self.pool.page_size)
-            if greedy:
-                # The draft's argmax reduced on the device: no [R, V] logits cross to the host.
-                top_ids = self.runner.launch_top(batch, self.kv_cache, 1).result().ids[:, 0].tolist()
-                for row, i in zip(last_rows, live):
-                    tokens[i].append(self.drafter.guess_greedy(seqs[i], tokens[i], top_ids[row]))
-                continue
+        if all(is_plain_greedy(seqs[i].params, len(seqs[i].output_ids), 1) for i in active):
+            tokens = self._propose_greedy(seqs, ks, active, rounds)
+            return [Draft(tuple(tokens[i])) if i in tokens else Draft(()) for i in range(len(seqs))]
+        tokens = {i: [] for i in active}
+        probs: dict[int, list[np.ndarray]] = {i: [] for i in active}
+        for r in range(rounds):
+            live = [i for i in active if ks[i] > r]
+            batch, last_rows = self._catch_up(seqs, live, tokens, rounds)
             logits = self.runner.forward(batch, self.kv_cache)
-            for row, i in zip(last_rows, live):
-                token, q = self.drafter.guess(seqs[i], tokens[i], logits[row])
+            for i in live:
+                token, q = self.drafter.guess(seqs[i], tokens[i], logits[last_rows[i]])
                 tokens[i].append(token)
                 probs[i].append(q)
-        return [Draft(tuple(tokens[i]), None if greedy else tuple(probs[i])) if i in tokens else Draft(())
+        return [Draft(tuple(tokens[i]), tuple(probs[i])) if i in tokens else Draft(())
                 for i in range(len(seqs))]
+
+    def _catch_up(self, seqs: list[Sequence], live: list[int], tokens: dict[int, list[int]],
+                  rounds: int) -> tuple[Batch, dict[int, int]]:
+        """A round over every token the draft has not seen of each live sequence (its context,
+        then its guesses), and the row whose logits give each sequence's next guess."""
+        feeds, last_rows, rows = [], {}, 0
+        for i in live:
+            seq, history = seqs[i], seqs[i].all_ids + tokens[i]
+            start = self.computed[seq.seq_id]
+            # A catch-up of a few tokens (the last guess and the target's bonus token) asks
+            # for every row's logits, as a decode step does, so the runner can replay a
+            # CUDA graph; a long one (the prompt) only for its last row.
+            every_row = len(history) - start <= rounds + 1
+            feeds.append((history[start:], start, self.pool.pages(seq.seq_id), every_row))
+            rows += len(history) - start if every_row else 1
+            last_rows[i] = rows - 1
+            self.computed[seq.seq_id] = len(history)
+        return make_batch(feeds, self.pool.page_size), last_rows
+
+    def _propose_greedy(self, seqs: list[Sequence], ks: list[int], active: list[int],
+                        rounds: int) -> dict[int, list[int]]:
+        """The greedy rounds, launched back to back: after the first (the catch-up), a round's
+        input is each sequence's argmax of the round before, fed on the device (as asynchronous
+        scheduling feeds plain decoding), so the host prepares round r + 1 while round r runs
+        and waits once, for all the argmaxes, at the end; no logits row reaches the host.
+
+        The draft model is fed its own argmax; ``guess_greedy`` then turns each into the guess
+        proposed (the argmax itself, unless a drafter overrides it: the benchmark's oracle)."""
+        launched: list[tuple[TopFuture, dict[int, int]]] = []  # each round, and each sequence's row
+        for r in range(rounds):
+            live = [i for i in active if ks[i] > r]
+            if r == 0:
+                batch, rows = self._catch_up(seqs, live, {i: [] for i in live}, rounds)
+                feed = None
+            else:
+                batch = make_batch([([0], self._advance(seqs[i]), self.pool.pages(seqs[i].seq_id), False)
+                                    for i in live], self.pool.page_size)
+                before = launched[-1]
+                feed = Feed(before[0], np.array([before[1][i] for i in live], dtype=np.int64))
+                rows = {i: n for n, i in enumerate(live)}
+            launched.append((self.runner.launch_top(batch, self.kv_cache, 1, feed), rows))
+        tokens: dict[int, list[int]] = {i: [] for i in active}
+        for future, rows in launched:
+            top_ids = future.result().ids[:, 0]
+            for i, row in rows.items():
+                tokens[i].append(self.drafter.guess_greedy(seqs[i], tokens[i], int(top_ids[row])))
+        return tokens
+
+    def _advance(self, seq: Sequence) -> int:
+        """One more of the sequence's tokens goes to the draft: the position it takes."""
+        start = self.computed[seq.seq_id]
+        self.computed[seq.seq_id] = start + 1
+        return start
 
     def _reserve(self, seq: Sequence, k: int) -> bool:
         """Make room in the draft's pool for the sequence plus k guesses; False if it cannot."""

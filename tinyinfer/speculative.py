@@ -93,7 +93,9 @@ class DraftModelDrafter:
     def guess_greedy(self, seq: Sequence, guesses: list[int], top_id: int) -> int:
         """The next guess for a sequence that decodes plainly greedy (no penalties, no masks):
         the draft's argmax ``top_id``, reduced on the device, so no logits row reaches the host.
-        Verification of such a sequence needs no q either."""
+        Verification of such a sequence needs no q either. The draft model's next round is fed
+        ``top_id`` on the device before this is asked, so an override changes what is proposed,
+        not what the draft model reads next."""
         return top_id
 
 

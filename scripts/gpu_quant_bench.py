@@ -19,8 +19,9 @@
 head's products at vocab x hidden shapes (llama-3-8b's 128256 x 4096, SmolLM2's 49152 x 576 and
 1003 x 576, whose rows are no multiple of a tile) against x @ dequantize(W)^T, and a lookup's
 rows against the reference's ``dequantize_rows``; the runner check with +head formats, eager
-and compiled + CUDA graphs; (b) batch-1 decode of the 8B shape in bf16, int8, int8+head,
-int4-g128 and int4-g128+head; (c) the head's product alone, GB/s of the bytes it stores.
+and compiled + CUDA graphs; (b) batch-1 decode of the --shapes in bf16, int8+head and
+int4-g128+head (the runner's default kernels, "auto", and torch's int4 kernel beside them);
+(c) the head's product alone, GB/s of the bytes it stores.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ from tinyinfer.runners.torch_fast import TorchRunner  # noqa: E402
 from tinyinfer.runners.torch_weights import random_weights  # noqa: E402
 
 VARIANTS = ("bf16", "int4-g128@torch", "int4-g128@triton", "int8@torch", "int8@triton")
-HEAD_VARIANTS = ("bf16", "int8@triton", "int8+head@triton", "int4-g128@torch", "int4-g128+head@torch")
-HEAD_CHECK_VARIANTS = ("int8+head@triton", "int4-g128+head@torch", "int4-g32-min+head@triton")
+HEAD_VARIANTS = ("bf16", "int8+head@auto", "int4-g128+head@auto", "int4-g128+head@torch")
+HEAD_CHECK_VARIANTS = ("int8+head@auto", "int4-g128+head@auto", "int4-g128+head@torch", "int4-g32-min+head@auto")
 HEAD_SHAPES = {"llama-3-8b": (128256, 4096), "smollm2": (49152, 576), "ragged": (1003, 576)}
 
 
@@ -302,13 +303,15 @@ def main() -> int:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
                         help="formats, each optionally @triton or @torch (default: %(default)s)")
     parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    parser.add_argument("--check-variants", nargs="+", default=None,
+                        help="formats the correctness check runs (default: every product kernel's)")
     parser.add_argument("--head", action="store_true",
-                        help="the quantized LM head: head checks, 8B decode with and without it, "
-                             "the head's product (sets --shapes llama-3-8b and the +head variants)")
+                        help="the quantized LM head: head checks, decode with it (bf16, int8+head, "
+                             "int4-g128+head by the Triton kernels and by torch's), the head's product")
     parser.add_argument("--no-matmul", action="store_true", help="skip the per-matrix timings (c)")
     args = parser.parse_args()
     if args.head:
-        args.shapes, args.variants, args.no_matmul = ["llama-3-8b"], list(HEAD_VARIANTS), True
+        args.variants, args.no_matmul = list(HEAD_VARIANTS), True
     start = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out_path = Path(args.out or os.path.join(os.environ.get("OUT", "."), "gpu_quant_bench.json"))
@@ -320,7 +323,8 @@ def main() -> int:
         if device.type == "cuda":
             report["head_product"] = head_microbench(device)
     if not args.no_check:
-        report["check"] = check_quantized_logits(device, (HEAD_CHECK_VARIANTS if args.head else CHECK_VARIANTS)
+        report["check"] = check_quantized_logits(device, tuple(args.check_variants) if args.check_variants
+                                                 else (HEAD_CHECK_VARIANTS if args.head else CHECK_VARIANTS)
                                                  if device.type == "cuda"
                                                  else ("int8+head", "int4-g128+head") if args.head
                                                  else ("int8", "int4-g128", "int4-g32-asym"))

@@ -110,8 +110,9 @@ import numpy as np, torch
 from tinyinfer.quant import QuantConfig, quantize, dequantize
 from tinyinfer.runners import torch_layers as layers, torch_quant_kernel as qk
 rng = np.random.default_rng(0)
-configs = [qk.Config(16, 64), qk.Config(8, 32, split_k=2), qk.Config(16, 256), qk.Config(16, 128, dot=True),
-           qk.Config(16, 128, split_k=2, dot=True)]
+configs = [qk.Config(16, 64, num_stages=1), qk.Config(8, 32, split_k=2), qk.Config(16, 256, tma=True),
+           qk.Config(8, 64, split_k=2, num_stages=4, tma=True), qk.Config(16, 128, dot=True),
+           qk.Config(16, 128, split_k=2, dot=True, tma=True)]
 for fmt, shape in [("int4-g32", (24, 128)), ("int4-g64-asym", (40, 256)), ("int4-g32-min", (17, 96)),
                    ("int8", (24, 160)), ("int8-g32", (33, 128)), ("int4-g128", (16, 384))]:
     qw = quantize(rng.standard_normal(shape).astype(np.float32), QuantConfig.parse(fmt))
@@ -134,8 +135,9 @@ print("ok")
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="triton is not installed; scripts/gpu_quant_kernels.py runs the kernels on a GPU")
 def test_the_kernels_compute_the_dequantized_product_in_the_interpreter():
-    """Every program kind (elementwise, matrix units, split K) on float32 inputs, run by Triton's
-    CPU interpreter: within 1e-5 of x @ dequantize(W)^T."""
+    """Every program kind (elementwise, matrix units, split K; words through pointers or tensor
+    descriptors, pipelined or not) on float32 inputs, run by Triton's CPU interpreter: within
+    1e-5 of x @ dequantize(W)^T."""
     run_interpreted(INTERPRETED)
 
 
@@ -188,14 +190,13 @@ def test_the_runner_with_the_kernels_tracks_the_reference(fmt):
 
 @pytest.mark.gpu
 @needs_cuda
-def test_auto_keeps_torchs_int4_kernel_where_it_fits_and_takes_the_triton_kernels_elsewhere():
+def test_auto_takes_the_triton_kernels_wherever_they_fit():
     cuda = torch.device("cuda")
     kinds = {fmt: type(layers.device_weight(weight(fmt, (256, 1024)), cuda, torch.bfloat16, kernel="auto"))
              for fmt in ("int4-g128", "int4-g32-min", "int8", "int8-g32")}
-    assert kinds == {"int4-g128": layers.Int4Weight, "int4-g32-min": layers.Int4Weight,
-                     "int8": layers.KernelWeight, "int8-g32": layers.KernelWeight}
-    fp16 = layers.device_weight(weight("int4-g128", (256, 1024)), cuda, torch.float16, kernel="auto")
-    assert isinstance(fp16, layers.KernelWeight)  # torch's int4 kernel computes in bf16 only
+    assert set(kinds.values()) == {layers.KernelWeight}
+    torch_int4 = layers.device_weight(weight("int4-g128", (256, 1024)), cuda, torch.bfloat16, kernel="torch")
+    assert isinstance(torch_int4, layers.Int4Weight) and torch_int4.tile_map is not None
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -203,13 +204,18 @@ def test_tiles_split_k_until_the_processors_have_work_and_not_past_two_steps_a_s
     from tinyinfer.runners import torch_quant_kernel as qk
 
     gate_up, down = qk.pick_config(1, 28672, 4096, 4, 132), qk.pick_config(1, 4096, 14336, 4, 132)
-    assert not gate_up.dot and gate_up.split_k == 1  # 1,792 programs already
-    assert down.split_k == 4  # 256 tiles: 1,024 programs
+    assert not gate_up.dot and gate_up.split_k == 1  # 3,584 programs already
+    assert down.split_k == 1  # one row: split only while multiprocessors would idle (512 tiles)
+    assert qk.pick_config(1, 512, 4096, 4, 132).split_k == 4  # 64 tiles -> 256 programs
     tiny = qk.pick_config(1, 64, 1024, 8, 132)
     assert tiny.split_k == 2  # 1024 / 256 = 4 loop steps: two a split at most
+    assert qk.pick_config(16, 4096, 14336, 4, 132).split_k == 16  # matrix units: ~4 programs a processor
     assert qk.pick_config(2, 4096, 4096, 4, 132).dot is False  # int4: a program per row
     assert qk.pick_config(2, 4096, 4096, 8, 132).dot and qk.pick_config(300, 4096, 4096, 8, 132).dot
     assert qk.rows_per_tile(300, qk.pick_config(300, 4096, 4096, 8, 132)) == qk.MAX_ROWS_PER_TILE
+    assert qk.pick_config(1, 4096, 4096, 8, 132, tma=True).tma and not qk.pick_config(1, 4096, 4096, 8, 132).tma
+    assert qk.tma_fits(torch.zeros((4, 8), dtype=torch.int32))  # rows of 32 bytes
+    assert not qk.tma_fits(torch.zeros((4, 6), dtype=torch.int32))  # 24 bytes: no descriptor
 
 
 PREFILL_INTERPRETED = """
@@ -264,7 +270,7 @@ def test_prefill_dequantizes_exactly_in_the_interpreter():
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("fmt", ["int8", "int4-g128", "int4-g32-asym", "int4-g64-min"])
-@pytest.mark.parametrize("kernel", ["auto", "triton"])
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
 def test_prefill_rows_dequantize_then_multiply_on_the_gpu(fmt, kernel):
     """From DEQUANT_ROWS (INT4PACK_DEQUANT_ROWS) rows on, both layouts (words, torch's tiled int4) go through the bf16
     buffer: within 1e-2 (relative norm) of the float64 product, rows past one buffer chunk too."""

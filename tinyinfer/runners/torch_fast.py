@@ -185,9 +185,10 @@ class TorchRunner:
 
     def _pick_quant_kernel(self, choice: str) -> str:
         """Which kernels multiply by int8 / int4 weights: "triton" (tinyinfer's, every format),
-        "torch" (torch's int4 kernel where it takes the shape, else dequantize-then-multiply) or
-        "auto": the Triton kernels except for int4 where torch's kernel takes it — on CUDA cards
-        of compute capability 8.0 or later with Triton installed; elsewhere "torch"."""
+        "torch" (torch's int4 kernel where it takes the shape, its prefill rows dequantized by a
+        Triton kernel where Triton is installed; else dequantize-then-multiply) or
+        "auto": the Triton kernels on CUDA cards of compute capability 8.0 or later with Triton
+        installed, elsewhere "torch"."""
         if choice not in QUANT_KERNELS:
             raise TinyInferError(f"quant_kernel must be one of {QUANT_KERNELS}, got {choice}")
         usable = (self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) >= (8, 0)

@@ -12,6 +12,7 @@ B sequences, P pages, S tokens per page, W page slots in a block-table row, V vo
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,18 +158,16 @@ def device_weight(qw: QuantizedWeight, device: torch.device, dtype: torch.dtype,
                   kernel: str = "torch") -> QuantWeight:
     """Move a quantized weight to the device in the layout its matmul reads.
 
-    ``kernel``: "torch" (torch's kernels), "triton" (the Triton kernels wherever the shape
-    fits them) or "auto" (the Triton kernels, except int4 where torch's int4 kernel takes the
-    shape: at one row it is the faster of the two on an H100, docs/quantization.md).
+    ``kernel``: "torch" (torch's kernels), or "triton" / "auto" (the Triton kernels wherever the
+    shape fits them: on an H100 they beat torch's int4 kernel from one row of the 8B shape on,
+    docs/quantization.md; the runner turns "auto" into "torch" where they cannot run).
     """
     def to_device(array: np.ndarray) -> Tensor:
         return torch.from_numpy(np.require(array, requirements=["C", "W"])).to(device)
 
     out, n = qw.shape
     if kernel != "torch" and quant_words.fits(qw):
-        torch_int4 = qw.config.bits == 4 and int4_kernel_fits(out, n, qw.group_size, device, dtype)
-        if kernel == "triton" or not torch_int4:
-            return kernel_weight(qw, device)
+        return kernel_weight(qw, device)
     scales = to_device(qw.scales).float()  # [out, groups]
     if qw.config.bits == 8 and qw.config.group_size is None:
         return Int8Weight(to_device(qw.data), scales[:, 0].to(dtype))
@@ -185,7 +184,8 @@ def device_weight(qw: QuantizedWeight, device: torch.device, dtype: torch.dtype,
         inner_k_tiles = 8 if n % 128 == 0 else 4 if n % 64 == 0 else 2
         swapped = ((packed & 0x0F) << 4) | (packed >> 4)  # the CUDA kernel wants the even column high
         tiled = torch._convert_weight_to_int4pack(swapped.contiguous(), inner_k_tiles)
-        if kernel != "torch":  # prefill dequantizes through the Triton kernel's map of the tiles
+        # prefill rows dequantize through the Triton kernel's map of the tiles, where Triton is at hand
+        if importlib.util.find_spec("triton") is not None:
             from tinyinfer.runners import torch_quant_prefill
 
             tile_map = torch_quant_prefill.int4pack_tile_map(device, inner_k_tiles)

@@ -19,6 +19,11 @@ to ``tinyinfer.quant.dequantize``.
   the caller hands x over in float32 with its columns regrouped that way, plus each word's
   input sum (``torch_layers.kernel_inputs``, fused into the kernel that made x), so each of
   those loads is contiguous.
+* **Tiles in flight.** A program's loop carries no loaded value over to the next step, and its
+  ``tl.range`` names a pipeline depth, so Triton's software pipeliner issues the loads of the
+  next two or three steps into shared memory while this one computes (it stages loads that feed
+  no ``tl.dot`` only for a loop that names its depth). On cards of compute capability 9.0 on,
+  the words come through a tensor descriptor: the copy engine moves whole tiles (TMA).
 * **Split K.** A matrix with few output tiles (a small model's o projection) splits its inputs
   across programs; each writes a float32 partial sum, and the last program of a tile to finish
   (counted with an atomic) adds them up in a fixed order, writes the output and resets its
@@ -35,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tinyinfer.runners.quant_words import CODE_MASK, PER_WORD
 
@@ -50,8 +56,9 @@ class Config(NamedTuple):
     block_k: int  # inputs per loop step
     split_k: int = 1  # programs sharing one tile's inputs
     num_warps: int = 4
-    num_stages: int = 3
+    num_stages: int = 3  # tiles the loop keeps in flight (Triton's software pipeline)
     dot: bool = False  # the matrix-unit program (any number of rows) or the elementwise one (one row)
+    tma: bool = False  # words through a tensor descriptor (the copy engine, compute capability 9.0 on)
 
 
 @triton.jit
@@ -105,7 +112,7 @@ def _quant_matmul_kernel(
     INTERPRETED_STEPS: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr,
     HAS_OFFSETS: tl.constexpr, SPAN_WORDS: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    DOT: tl.constexpr, IEEE: tl.constexpr, EVEN: tl.constexpr,
+    DOT: tl.constexpr, IEEE: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr,
 ):
     """out[M, N] = x @ W^T, W [N, K] from packed codes. Programs: (N tiles, splits, M tiles).
 
@@ -131,23 +138,25 @@ def _quant_matmul_kernel(
     w = tl.arange(0, SPAN_WORDS)
     num_groups = K // GROUP if GROUP > 0 else 1  # GROUP 0: one group per row (per-row int8)
     first = pid_k * steps  # this program's loop steps: first .. first + steps
-    row_at = words_ptr + n[:, None, None] * row_words  # [BN, 1, 1]
-    kw = first * BLOCK_WORDS + g[:, None] * SPAN_WORDS + w[None, :]  # [G, W] word columns
-    words = _load(row_at + kw[None, :, :], n_ok[:, None, None] & (kw < row_words)[None, :, :], EVEN)
+    if not TMA:
+        row_at = words_ptr + n[:, None, None] * row_words  # [BN, 1, 1]
     if DOT:
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         flat = tl.arange(0, BLOCK_WORDS)  # the tile's words in (group, word) order
     else:
         acc = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS], tl.float32)  # one row of x: pid_m
-    for step in range(0, _trip_count(steps, INTERPRETED_STEPS)):
+    # The loop carries no loaded value from one step to the next, so Triton's pipeliner can issue
+    # the loads of STAGES - 1 steps ahead into shared memory (the num_stages of tl.range is what
+    # makes it stage loads that feed no tl.dot).
+    for step in tl.range(0, _trip_count(steps, INTERPRETED_STEPS), num_stages=STAGES):
         block = first + step
-        kw = block * BLOCK_WORDS + g[:, None] * SPAN_WORDS + w[None, :]
+        kw = block * BLOCK_WORDS + g[:, None] * SPAN_WORDS + w[None, :]  # [G, W] word columns
         k_ok = kw < row_words
-        # the next step's words, in flight while this step computes (the last step reads its
-        # own block again rather than test a mask)
-        ahead_kw = kw + BLOCK_WORDS * (step + 1 < steps).to(tl.int32)
-        ahead = _load(row_at + ahead_kw[None, :, :], n_ok[:, None, None] & (ahead_kw < row_words)[None, :, :],
-                      EVEN)
+        if TMA:  # a [BLOCK_N, BLOCK_WORDS] box; rows and columns past the matrix read as zeros
+            words = tl.reshape(words_ptr.load([pid_n * BLOCK_N, block * BLOCK_WORDS]),
+                               [BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS])
+        else:
+            words = _load(row_at + kw[None, :, :], n_ok[:, None, None] & k_ok[None, :, :], EVEN)
         if GROUP > 0:
             group = block * BLOCK_K // GROUP + g  # [G]
         else:
@@ -180,7 +189,6 @@ def _quant_matmul_kernel(
                 part += decode_words(words, code_mask, j, BITS) * xj[None, :, :]
             xw = _load(xsum_ptr + pid_m * row_words + kw, k_ok, EVEN)  # [G, W]
             acc += part * scale[:, :, None] + shift[:, :, None] * xw[None, :, :]
-        words = ahead
     if DOT:
         out_at = m[None, :] * N + n[:, None]  # [BN, BM]
         out_ok = n_ok[:, None] & m_ok[None, :]
@@ -216,16 +224,21 @@ def _counter_buffer(device: torch.device) -> Tensor:
     return _counters[device]
 
 
-def pick_config(m: int, n: int, k: int, bits: int, processors: int) -> Config:
-    """Tiles for an [m, k] x [k, n] product, as measured fastest on an H100 (docs/quantization.md):
-    the elementwise program for one row (two for int4), the matrix units above; split K until
-    there are about four programs per multiprocessor."""
+def pick_config(m: int, n: int, k: int, bits: int, processors: int, tma: bool = False) -> Config:
+    """Tiles for an [m, k] x [k, n] product, as measured fastest on an H100 (docs/quantization.md,
+    ``scripts/gpu_quant_kernels.py --candidates``; ``tma``: the words may come through tensor
+    descriptors). One row (two for int4): the elementwise program, 8 weight rows by 512 (int4) or
+    256 (int8) inputs a step on two warps, 3 (int4) or 4 (int8) steps in flight, K split only
+    while the tiles leave multiprocessors idle. 3..16 rows: the matrix units, 64 weight rows by
+    256 (int4) or 128 (int8) inputs, split K to about four programs per multiprocessor. More rows
+    (prefill chunks): 64 x 128 tiles, whose float32 inputs fit shared memory three steps deep."""
     if m <= ELEMENTWISE_ROWS[bits]:
-        config = Config(16, 512 if bits == 4 else 256, num_warps=4, num_stages=1, dot=False)
-    elif m <= 16:
-        config = Config(64, 512, num_stages=3, dot=True) if bits == 4 else Config(32, 128, num_stages=3, dot=True)
-    else:  # prefill: more rows per program, and shallower tiles so their inputs fit shared memory
-        config = Config(64, 128, num_warps=4, num_stages=3, dot=True)
+        config = Config(8, 512 if bits == 4 else 256, num_warps=2, num_stages=3 if bits == 4 else 4, tma=tma)
+        return with_split(config, m, n, k, processors, programs_per_processor=1)
+    if m <= 16:
+        config = Config(64, 256 if bits == 4 else 128, num_stages=3, dot=True, tma=tma)
+    else:
+        config = Config(64, 128, num_stages=3, dot=True, tma=tma)
     return with_split(config, m, n, k, processors)
 
 
@@ -250,7 +263,20 @@ def rows_per_tile(m: int, config: Config) -> int:
     return min(MAX_ROWS_PER_TILE, max(16, triton.next_power_of_2(m)))
 
 
-_processors: dict[torch.device, int] = {}
+_devices: dict[torch.device, tuple[int, bool]] = {}
+
+
+def _device_traits(device: torch.device) -> tuple[int, bool]:
+    """(multiprocessors, whether its copy engine takes tensor descriptors: compute capability 9.0 on)."""
+    if device not in _devices:
+        props = torch.cuda.get_device_properties(device)
+        _devices[device] = (props.multi_processor_count, (props.major, props.minor) >= (9, 0))
+    return _devices[device]
+
+
+def tma_fits(words: Tensor) -> bool:
+    """Whether a tensor descriptor can address the words: rows of whole 16 bytes, 16-byte aligned."""
+    return words.is_contiguous() and words.shape[1] % 4 == 0 and words.data_ptr() % 16 == 0
 
 
 def quant_matmul(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | None,
@@ -265,9 +291,8 @@ def quant_matmul(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offset
     m, k = xg.shape[0], xg.shape[1] * xg.shape[2]
     n = words.shape[0]
     if config is None:
-        if xg.device not in _processors:
-            _processors[xg.device] = torch.cuda.get_device_properties(xg.device).multi_processor_count
-        config = pick_config(m, n, k, bits, _processors[xg.device])
+        processors, tma = _device_traits(xg.device)
+        config = pick_config(m, n, k, bits, processors, tma and tma_fits(words))
     out = torch.empty((m, n), dtype=out_dtype, device=xg.device)
     block_m = rows_per_tile(m, config)
     grid = (triton.cdiv(n, config.block_n), config.split_k, triton.cdiv(m, block_m))
@@ -284,6 +309,8 @@ def quant_matmul(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offset
     span = config.block_k if group_size == k else min(group_size, config.block_k)
     blocks = triton.cdiv(k, config.block_k)
     steps = triton.cdiv(blocks, config.split_k)
+    if config.tma:  # [BLOCK_N, BLOCK_WORDS] tiles of the words, loaded by the copy engine
+        words = TensorDescriptor.from_tensor(words, [config.block_n, config.block_k // PER_WORD[bits]])
     _quant_matmul_kernel[grid](
         xg.contiguous(), xsum.contiguous(), words, scales, scales if offsets is None else offsets, out,
         partial, counters, m, n, k, steps, CODE_MASK[bits], ROW_WORDS=k // PER_WORD[bits],
@@ -293,6 +320,7 @@ def quant_matmul(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offset
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT_K=config.split_k, DOT=config.dot, IEEE=out_dtype == torch.float32,
         EVEN=n % config.block_n == 0 and k % config.block_k == 0 and blocks % config.split_k == 0,
+        STAGES=config.num_stages, TMA=config.tma,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

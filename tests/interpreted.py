@@ -4,6 +4,10 @@ TRITON_INTERPRET must be set before Triton is imported, and this test process ma
 it already (the runners do), so the code runs in a subprocess of its own, with this checkout
 first on its path. It passes by printing "ok"; anything else fails the calling test with the
 subprocess's stderr.
+
+Triton 3.6's interpreter turns a loaded scalar into a loop bound with int() on its 1-element
+array, which NumPy 2.4 refuses (triton-lang/triton#9171, fixed after 3.6); RANGE_FIX gives it
+the upstream fix first, so a kernel's ``tl.range`` may run up to a loaded position, as on a GPU.
 """
 
 from __future__ import annotations
@@ -14,11 +18,19 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+RANGE_FIX = """
+import triton.runtime.interpreter as _interpreter
+_patch_tensor = _interpreter._patch_lang_tensor
+def _range_fix(tensor, scope):
+    _patch_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+_interpreter._patch_lang_tensor = _range_fix
+"""
 
 
 def run_interpreted(code: str, timeout: int = 600) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
         filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", RANGE_FIX + code], env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

@@ -39,8 +39,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-KEY_TILE_ELEMENTS = 4096  # keys x half head dim loaded per step, per K/V half
+KEY_TILE_ELEMENTS = 4096  # keys x half head dim loaded per step, per K/V half (twice that in int8)
 MAX_SPLITS = 16
+# Blocks of keys in flight in the decode loop's pipeline, as measured best at 8B / 32 x 4096 on an
+# H100: int8 tiles take half the shared memory, so more of them fit in flight.
+PIPELINE_STAGES = 3
+INT8_PIPELINE_STAGES = 5
 # 1.5 * 2**23: (x + ROUNDING) - ROUNDING rounds a float32 |x| < 2**22 to an integer, half to even
 # (as NumPy and torch round), in the interpreter too, which has no libdevice rint.
 ROUNDING = tl.constexpr(12582912.0)
@@ -182,7 +186,7 @@ def _paged_decode_kernel(
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     GROUP_P: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ROPE: tl.constexpr,
-    Q_LEN: tl.constexpr, STORE_KV: tl.constexpr, KV_INT8: tl.constexpr,
+    Q_LEN: tl.constexpr, STORE_KV: tl.constexpr, KV_INT8: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
     row = tl.program_id(0)  # one query row: token row % Q_LEN of sequence row // Q_LEN
     kv_head = tl.program_id(1)
@@ -222,14 +226,14 @@ def _paged_decode_kernel(
     acc2 = tl.zeros([GROUP_P, HALF_P], tl.float32) + tl.where(first, new_v2, 0.0)[None, :]
 
     # This split's share of the earlier tokens 0..pos-1 (whole blocks of BLOCK_N, so short
-    # contexts use fewer splits), read through the page table. A while loop, not
-    # range(lo, hi, ...): Triton's CPU interpreter, which the tests use, cannot take a loaded
-    # scalar as a range bound.
+    # contexts use fewer splits), read through the page table. tl.range software-pipelines the
+    # loop: the page ids and the K/V tiles of the next NUM_STAGES - 1 blocks are copied in
+    # (asynchronously, into shared memory) while this one computes.
     share = tl.cdiv(tl.cdiv(pos, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * share
-    end = tl.minimum(start + share, pos)
+    first_key = split * share
+    end = tl.minimum(first_key + share, pos)
     tables = block_tables_ptr + seq * block_table_row_stride
-    while start < end:
+    for start in tl.range(first_key, end, BLOCK_N, num_stages=NUM_STAGES):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < end
         page = tl.load(tables + n // PAGE_SIZE, mask=n_ok, other=0)
@@ -237,7 +241,6 @@ def _paged_decode_kernel(
             q1, q2, m, l, acc1, acc2, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
             page * PAGE_SIZE + n % PAGE_SIZE, n_ok, n_ok[None, :], kv_head, d, d_ok, scale, dtype,
             NUM_KV_HEADS, HALF, KV_INT8)
-        start += BLOCK_N
 
     if NUM_SPLITS == 1:
         out_at = out_ptr + row * NUM_HEADS * head_dim + heads[:, None] * head_dim + d[None, :]
@@ -276,6 +279,16 @@ def default_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
     processors = torch.cuda.get_device_properties(device).multi_processor_count
     wanted = triton.cdiv(2 * processors, batch * num_kv_heads)
     return min(MAX_SPLITS, triton.next_power_of_2(wanted))
+
+
+def pipeline_stages(wanted: int, stage_bytes: int, device: torch.device) -> int:
+    """Pipeline stages for K and V tiles of stage_bytes per block of keys: as many as wanted,
+    fewer where the GPU's shared memory per program would not hold them with one block to spare
+    for the kernel's other buffers (at least 2)."""
+    if device.type != "cuda":  # Triton's CPU interpreter: no pipeline
+        return wanted
+    shared = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    return max(2, min(wanted, shared // stage_bytes - 1))
 
 
 def kernel_shape(num_heads: int, k_cache: Tensor, cos_table: Tensor | None,
@@ -323,7 +336,10 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
         num_splits = default_splits(batch, num_kv_heads, qkv.device)
     # tl.dot needs every dimension >= 16: the head group and the half head dim are padded.
     shape = kernel_shape(num_heads, k_cache, cos_table, k_scale, v_scale)
-    block_n = max(16, min(64, KEY_TILE_ELEMENTS // shape["HALF_P"]))
+    # int8 tiles carry twice the keys: as many bytes per step as a 16-bit tile.
+    block_n = max(16, min(64, KEY_TILE_ELEMENTS // shape["HALF_P"])) * (2 if shape["KV_INT8"] else 1)
+    stages = pipeline_stages(INT8_PIPELINE_STAGES if shape["KV_INT8"] else PIPELINE_STAGES,
+                             2 * block_n * 2 * shape["HALF_P"] * k_cache.element_size(), qkv.device)
     out = torch.empty((rows, num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
     parts = rows * num_heads * num_splits
     part_acc = torch.empty((parts, head_dim) if num_splits > 1 else (1,), dtype=torch.float32,
@@ -340,7 +356,7 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
         positions, slots, page_tables, *scales,
         qkv.stride(0), page_tables.stride(0), head_dim ** -0.5,
         **shape, PAGE_SIZE=page_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
-        Q_LEN=q_len, STORE_KV=q_len == 1, num_warps=4,
+        Q_LEN=q_len, STORE_KV=q_len == 1, NUM_STAGES=stages, num_warps=4,
     )
     if num_splits > 1:
         _merge_splits_kernel[(rows * num_heads,)](

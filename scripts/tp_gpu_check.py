@@ -409,7 +409,7 @@ def profile(model: Any, out: Path, steps: int = 20, prefills: int = 3,
     engine = tinyinfer.Engine(model, max_num_seqs=1, detail="none", async_scheduling=async_scheduling)
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, model.config.vocab_size, 128).tolist()
-    engine.add_request(prompt, tinyinfer.SamplingParams(temperature=0, max_tokens=steps + 16, ignore_eos=True))
+    engine.add_request(prompt, tinyinfer.SamplingParams(temperature=0, max_tokens=2 * steps + 16, ignore_eos=True))
     for _ in range(8):  # prefill, compile, graph capture
         engine.step()
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]

@@ -12,8 +12,7 @@ Every rank runs the same forward pass on its own slice of the weights:
 * embedding and LM head: vocabulary-parallel. Rank r owns vocabulary rows ``[r Vs, (r+1) Vs)``
   (Vs = ceil(V / N), the last shard padded); a token outside the shard embeds to zeros and an
   all-reduce assembles the embedding; each rank computes logits for its own vocabulary slice,
-  and rank 0 gathers either the slices or, for greedy rows, each slice's top k and
-  log-sum-exp.
+  and an all-gather puts the slices side by side on every rank.
 
 Biases of row-parallel layers (o, down / proj) live on rank 0 only, so the all-reduce adds
 them once. Norms and GPT-2's position table are small and replicated.

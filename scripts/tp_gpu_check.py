@@ -18,10 +18,10 @@ through ``tinyinfer.bench.shapes.bench_latency`` (prompt 512, 128 tokens), the 7
 profile_8b_tp1 / _tp2: torch.profiler over 20 decode steps on rank 0 — GPU kernel time, NCCL
 kernel time and GPU idle time per step, and the kernel table in DIR/profile_tp<N>.txt.
 
-8b_tp<N>[_nccl|_symm_mem][_profile|_batch32|_profile_batch32]: the 8B shape at prompt 128, 256 new
-tokens (the default all-reduce, or the one named), with a profile (decode steps by region, the
-GPU's idle gaps, rank 0's host time by Python function, prefill steps) and/or the decode rate
-of 32 sequences; 70b_tp4_symm_mem: the 70B shape the same way, at TP=4; cli_tp<N>[...][_torchrun]: ``tinyinfer bench latency`` as a user runs it
+8b_tp<N>[_nccl|_symm_mem][_async][_profile|_batch32|_profile_batch32]: the 8B shape at prompt 128,
+256 new tokens (the default all-reduce, or the one named), with a profile (decode steps by region,
+the GPU's idle gaps, rank 0's host time by Python function, prefill steps) and/or the decode rate
+of 32 sequences; _async: also with asynchronous scheduling (the profile then of its steps); 70b_tp4_symm_mem: the 70B shape the same way, at TP=4; cli_tp<N>[...][_torchrun]: ``tinyinfer bench latency`` as a user runs it
 (spawned ranks or torchrun), with how long it took to exit after its table and whether stderr
 shows a leaked semaphore, an abort or a traceback; gpt_fast_tp<N>: scripts/peer_gpt_fast.py at
 the same shape (torchrun for N > 1; the checkout at $GPT_FAST, default peers/gpt-fast);
@@ -281,9 +281,11 @@ def latency(model: Any) -> tuple[dict, Any]:
 
 
 def scaling(world: int, out: Path, profile_steps: int = 0, batch: int = 0, shape: str = "llama-3-8b",
-            **options: Any) -> tuple[dict, Any]:
+            async_too: bool = False, **options: Any) -> tuple[dict, Any]:
     """A preset shape (the 8B by default) at batch 1 (prompt 128, 256 new tokens, as ``bench
-    latency`` defaults to for this comparison), optionally a profile and a batch-``batch`` decode rate."""
+    latency`` defaults to for this comparison), optionally a profile and a batch-``batch`` decode
+    rate; ``async_too``: the same latency with asynchronous scheduling (key "async", same model
+    and process), and the profile of its decode steps."""
     if world == 1:
         model = bs.shape_models(shape, "cuda", "bfloat16")[0]
     else:
@@ -291,7 +293,10 @@ def scaling(world: int, out: Path, profile_steps: int = 0, batch: int = 0, shape
     result = bs.as_dict(bs.bench_latency(model, prompt_tokens=128, decode_tokens=256))
     result["runner"] = model.runner.describe()
     result["card"] = torch.cuda.get_device_name()
-    extras = {"profile": (lambda: profile(model, out, profile_steps)[0]) if profile_steps else None,
+    extras = {"async": (lambda: bs.as_dict(bs.bench_latency(model, prompt_tokens=128, decode_tokens=256,
+                                                            async_scheduling=True))) if async_too else None,
+              "profile": (lambda: profile(model, out, profile_steps, async_scheduling=async_too)[0])
+              if profile_steps else None,
               f"batch{batch}": (lambda: batch_decode(model, batch)) if batch else None}
     for key, extra in extras.items():
         if extra is not None:
@@ -389,7 +394,8 @@ def _step_start_wait(kernels: list[tuple[float, float, str]], per_step: int) -> 
             "all_reduces_seen": len(spans)}
 
 
-def profile(model: Any, out: Path, steps: int = 20, prefills: int = 3) -> tuple[dict, Any]:
+def profile(model: Any, out: Path, steps: int = 20, prefills: int = 3,
+            async_scheduling: bool = False) -> tuple[dict, Any]:
     """Rank 0's host and GPU time over decode steps (after warm-up), and over ``prefills`` prompts
     of 128 tokens, from torch.profiler.
 
@@ -400,10 +406,10 @@ def profile(model: Any, out: Path, steps: int = 20, prefills: int = 3) -> tuple[
     workers, rank 0's host time by Python function; and per prefill its wall time, kernels and
     all-reduces.
     """
-    engine = tinyinfer.Engine(model, max_num_seqs=1, detail="none")
+    engine = tinyinfer.Engine(model, max_num_seqs=1, detail="none", async_scheduling=async_scheduling)
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, model.config.vocab_size, 128).tolist()
-    engine.add_request(prompt, tinyinfer.SamplingParams(temperature=0, max_tokens=steps + 16, ignore_eos=True))
+    engine.add_request(prompt, tinyinfer.SamplingParams(temperature=0, max_tokens=2 * steps + 16, ignore_eos=True))
     for _ in range(8):  # prefill, compile, graph capture
         engine.step()
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -602,6 +608,10 @@ def stages(out: Path) -> dict[str, Callable[[], tuple[Any, Any]]]:
                 world, out, profile_steps=20, **({} if world == 1 else {"all_reduce": kind}))
             table[f"8b_tp{world}_{kind}_batch32"] = lambda world=world, kind=kind: scaling(
                 world, out, batch=32, **({} if world == 1 else {"all_reduce": kind}))
+            table[f"8b_tp{world}_{kind}_async_profile"] = lambda world=world, kind=kind: scaling(
+                world, out, profile_steps=20, async_too=True, **({} if world == 1 else {"all_reduce": kind}))
+            table[f"8b_tp{world}_{kind}_async"] = lambda world=world, kind=kind: scaling(
+                world, out, async_too=True, **({} if world == 1 else {"all_reduce": kind}))
             table[f"8b_tp{world}_{kind}_profile_batch32"] = lambda world=world, kind=kind: scaling(
                 world, out, profile_steps=20, batch=32, **({} if world == 1 else {"all_reduce": kind}))
             table[f"cli_tp{world}_{kind}"] = lambda world=world, kind=kind: cli_latency(

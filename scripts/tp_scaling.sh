@@ -4,12 +4,18 @@
 #   bash scripts/tp_scaling.sh OUT_DIR explore   # variants, profiles, correctness, all-reduce sweeps
 #   bash scripts/tp_scaling.sh OUT_DIR final     # TP=1/2/4 with profiles, gpt-fast at TP=2/4 beside them
 #   bash scripts/tp_scaling.sh OUT_DIR extras    # TP=1 alone, batch 32 and the 70B at TP=4, symm_mem checks
+#   bash scripts/tp_scaling.sh OUT_DIR pair      # a 2-GPU host: ours at TP=2 and TP=1, each also
+#                                                # with asynchronous scheduling (about 100 s)
+#   bash scripts/tp_scaling.sh OUT_DIR pair_peers  # a 2-GPU host: ours at TP=2 (sync and async) beside
+#                                                # gpt-fast at TP=2 and TP=1 in the same call (about 590 s)
+# (BUDGET=seconds: a group that would start with fewer than 30 s left is skipped, and the
+# gpt-fast groups get what is left of it.)
 # Needs tinyinfer's dependencies importable (and, for gpt-fast, GPT_FAST=a checkout; for the
 # gqa stages, transformers with its own regex: don't shadow it with an older regex wheel).
 # Results: OUT_DIR/summary.json (every group's tp_gpu_check.json, by group), OUT_DIR/logs.txt and
 # the profiles' kernel tables (the device machine returns only a few files).
-out=${1:?usage: tp_scaling.sh OUT_DIR explore|final|extras}
-mode=${2:?usage: tp_scaling.sh OUT_DIR explore|final|extras}
+out=${1:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers}
+mode=${2:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers}
 here=$(cd "$(dirname "$0")" && pwd)
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -20,6 +26,11 @@ work=$(mktemp -d)
 # (CPUS=list: on those CPU cores only, so that stages side by side do not share cores)
 group() {
   local gpus=$1 limit=$2; shift 2
+  if [ -n "$BUDGET" ]; then
+    local left=$((BUDGET - (SECONDS - start)))
+    if [ "$left" -lt 30 ]; then echo "=== $* skipped: ${left} s left"; return; fi
+    [ "$limit" -gt "$left" ] && limit=$left
+  fi
   local dir="$work/$1"
   mkdir -p "$dir"
   CUDA_VISIBLE_DEVICES=$gpus timeout -s ABRT "$limit" ${CPUS:+taskset -c "$CPUS"} \
@@ -62,6 +73,9 @@ for group, data in summary.items():
         if "decode_tokens_per_s" in lat:
             print(name, f"{lat['decode_tokens_per_s']:.1f} tok/s TTFT {lat['ttft_ms']:.1f} ms",
                   {k: value[k] for k in ("exit_after_output_s", "returncode", "leaked_semaphores", "fatal", "traceback") if k in value})
+        if "decode_tokens_per_s" in value.get("async", {}):
+            a = value["async"]
+            print(name, f"async: {a['decode_tokens_per_s']:.1f} tok/s TTFT {a['ttft_ms']:.1f} ms idle {a.get('device_idle_pct')}")
         for key in ("batch32", "profile"):
             if key in value:
                 v = value[key]
@@ -93,6 +107,17 @@ elif [ "$mode" = final ]; then
   wait
   group 0,1,2,3 240 gpt_fast_tp4
   group 0,1,2,3 100 8b_tp4_symm_mem_profile
+elif [ "$mode" = pair ]; then
+  # a 2-GPU host, one stage at a time: ours at TP=2 (sync, async, the async steps profiled) and
+  # TP=1 (sync, async)
+  group 0,1 100 8b_tp2_symm_mem_async_profile
+  group 0 70 8b_tp1_symm_mem_async
+elif [ "$mode" = pair_peers ]; then
+  # gpt-fast compiled for more than 220 s at TP=2 on a 2 x H100 host without finishing: a call of
+  # its own, with ours at TP=2 first as the same-call reference
+  group 0,1 60 8b_tp2_symm_mem_async
+  group 0,1 300 gpt_fast_tp2
+  group 0 230 gpt_fast_tp1
 else
   # the rest of the table, each alone on the host: TP=1 (its TTFT with no neighbour), batch 32
   # at TP=4, the 70B shape at TP=4, the one-shot all-reduce against one GPU; about 420 s

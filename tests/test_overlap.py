@@ -186,3 +186,32 @@ def test_generate_command_streams_the_same_text_with_async_scheduling():
     assert refused.returncode == 2 and refused.stdout == ""
     assert refused.stderr == ("tinyinfer: error: --async-scheduling does not overlap speculative "
                               "decoding steps: drop --async-scheduling or --speculative\n")
+
+
+def test_tensor_parallel_async_equals_sync_with_fed_tokens_taken_on_every_rank(monkeypatch):
+    """TP=2 (gloo, CPU): every rank takes a fed step's tokens from its own argmax of the step
+    before; the commands carry only placeholders, so a rank that ignored the feed would embed
+    token 0 and change every later token."""
+    requests = [(p, SamplingParams(temperature=0, max_tokens=int(n)))
+                for p, n in zip(prompts(4, seed=6), (9, 14, 5, 11))]
+    requests.append((prompts(1, seed=7)[0], SamplingParams(temperature=0, max_tokens=8, logprobs=3)))
+    want, _ = run(tinyinfer.Engine(tinyinfer.load("bundled", runner="torch", device="cpu"), detail="none"),
+                  requests)
+    tp = tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu")
+    try:
+        sync, overlapped = engines(tp)
+        got_sync, sync_traces = run(sync, requests)
+        sent = []
+        real_send = tp.runner._send
+        monkeypatch.setattr(tp.runner, "_send", lambda command: (sent.append(command), real_send(command)))
+        got, traces = run(overlapped, requests)
+        assert [c.token_ids for c in got] == [c.token_ids for c in got_sync] == [c.token_ids for c in want]
+        assert [c.logprobs for c in got] == [c.logprobs for c in got_sync]
+        assert records(traces) == records(sync_traces)
+        fed = [c for c in sent if c.kind == "forward" and c.fed is not None]
+        assert len(fed) > len(traces) / 2
+        assert all(not c.batch.token_ids.any() for c in fed)  # placeholders: the ranks fed themselves
+        # Every step's trace still has both ranks' timings, read when the step was finished.
+        assert all({"rank0_compute", "rank1_compute"} <= set(t.rank_timings) for t in traces)
+    finally:
+        tp.runner.close()

@@ -482,16 +482,16 @@ def test_a_dead_worker_gives_a_clear_error_not_a_hang():
 def test_a_worker_dying_mid_step_fails_that_step_cleanly_and_every_later_one():
     tp, engine = _running_engine()
     try:
-        shard_step = tp.runner.shard.run_step
+        shard_step = tp.runner.shard.launch_top
 
         def dies_after_the_command_went_out(*args, **kwargs):
             _kill_rank1()  # the command is sent; rank 1 dies before the first all-reduce
             return shard_step(*args, **kwargs)
 
-        tp.runner.shard.run_step = dies_after_the_command_went_out
+        tp.runner.shard.launch_top = dies_after_the_command_went_out
         with pytest.raises(TinyInferError, match="failed part-way"):
             engine.step()
-        tp.runner.shard.run_step = shard_step
+        tp.runner.shard.launch_top = shard_step
         with pytest.raises(TinyInferError, match="out of step|has stopped"):
             engine.step()
     finally:

@@ -268,12 +268,7 @@ class TorchRunner:
         argmax = feed.source.argmax
         if not isinstance(argmax, Tensor):  # a source computed on the host
             return torch.from_numpy(feed.host_tokens()).to(self.device)
-        if np.array_equal(feed.rows, np.arange(len(feed.rows))):
-            return argmax[:len(feed.rows)]
-        rows = torch.from_numpy(np.ascontiguousarray(feed.rows, dtype=np.int64))
-        if self.device.type == "cuda":  # pinned, so that the copy does not wait for the device
-            rows = rows.pin_memory().to(self.device, non_blocking=True)
-        return argmax.index_select(0, rows)
+        return argmax_rows(argmax, feed.rows)
 
     @torch.no_grad()
     def _device_logits(self, batch: Batch, kv_cache: TorchKVCache, tokens: Tensor | None = None) -> Tensor:
@@ -446,21 +441,37 @@ def device_top(logits: Tensor, k: int) -> TopLogits:
     return top_future(logits, k).result()
 
 
+def argmax_rows(argmax: Tensor, rows: np.ndarray) -> Tensor:
+    """Rows ``rows`` [T] of a launch's argmax [R], on its device (a Feed's tokens)."""
+    if np.array_equal(rows, np.arange(len(rows))):
+        return argmax[:len(rows)]
+    index = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
+    if argmax.device.type == "cuda":  # pinned, so that the copy does not wait for the device
+        index = index.pin_memory().to(argmax.device, non_blocking=True)
+    return argmax.index_select(0, index)
+
+
+def reduce_top(logits: Tensor, k: int, reduce: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None
+               ) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """Each row's argmax [R] and what the host reads of logits [R, V] for top k, on the device:
+    greedy_reduce's pack [R, 3] for k = 1, else (ids, values, log-sum-exp). ``reduce`` is
+    greedy_reduce, or a runner's compiled copy of it. (Tensor-parallel ranks all run it on the
+    same gathered logits, so each holds the argmax rank 0 reads.)"""
+    reduce = reduce or greedy_reduce
+    logits = logits.float()
+    if k == 1:  # greedy without logprobs: one fused reduction, one copy to the host
+        argmax, packed = reduce(logits)  # [R], [R, 3]
+        return argmax, (packed,)
+    values, ids = torch.topk(logits, k, dim=-1)  # [R, k]
+    return ids[:, 0], (ids, values, torch.logsumexp(logits, dim=-1))
+
+
 def top_future(logits: Tensor, k: int, start: Any = None,
                reduce: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None) -> TopFuture:
     """device_top queued behind the step: on CUDA the ids, values and log-sum-exp are copied to
     pinned host memory without waiting, and an event marks when they have landed (``start``, an
-    event recorded before the step, times the step on the device). ``reduce`` is greedy_reduce,
-    or the runner's compiled copy of it."""
-    reduce = reduce or greedy_reduce
-    logits = logits.float()
-    parts: tuple[Tensor, ...]
-    if k == 1:  # greedy without logprobs: one fused reduction, one copy to the host
-        argmax, packed = reduce(logits)  # [R], [R, 3]
-        parts = (packed,)
-    else:
-        values, ids = torch.topk(logits, k, dim=-1)  # [R, k]
-        argmax, parts = ids[:, 0], (ids, values, torch.logsumexp(logits, dim=-1))
+    event recorded before the step, times the step on the device). ``reduce`` as reduce_top's."""
+    argmax, parts = reduce_top(logits, k, reduce)
     if logits.device.type != "cuda":
         top = _unpack_top([t.numpy() for t in parts])
         return TopFuture(argmax, lambda: top)

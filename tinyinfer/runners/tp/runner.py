@@ -5,7 +5,13 @@ The engine, scheduler and page bookkeeping exist once, in the user's process (ra
 sends a ``Command`` (the step's ``Batch``, a new KV cache, a page copy) down a pipe to each
 worker, then does its own share. Workers wait in ``serve_worker`` and do the same share on
 their shard, then send back their timing. Tensors — the all-reduces, the logits gather —
-travel over the default group: NCCL on GPUs, gloo on CPU. (A pipe carries a small pickled
+travel over the default group: NCCL on GPUs, gloo on CPU.
+
+A greedy step (``launch_top``) is queued, not waited for: rank 0 reads its result, and the
+workers' timings, when the engine asks. Every rank holds the whole step's logits after the
+gather and reduces them as rank 0 does, so a step fed from the one before (asynchronous
+scheduling) takes its input tokens on every rank's own device; on a GPU each worker reports
+its timing from a thread, so that its next step queues behind the one still running. (A pipe carries a small pickled
 command in well under a millisecond; the gloo group used before cost about 2 ms per step on
 the GPU host: a TP=2 step of the bundled model took 3.3 ms, of which each rank's own work ~1 ms.)
 """
@@ -13,13 +19,20 @@ the GPU host: a TP=2 step of the bundled model took 3.3 ms, of which each rank's
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import itertools
+import os
+import threading
+import time
+import traceback
 import weakref
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Callable
+from queue import Queue
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -28,7 +41,7 @@ from torch import Tensor
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
 from tinyinfer.runners.runner import Batch, Feed, RankTiming, RunnerInfo, TopFuture, TopLogits, fed_batch
-from tinyinfer.runners.torch_fast import TorchKVCache
+from tinyinfer.runners.torch_fast import TorchKVCache, argmax_rows
 from tinyinfer.runners.tp.shard import ShardRunner
 
 
@@ -41,6 +54,9 @@ class Command:
     args: tuple[int, ...] = ()  # new_kv: (pages, page size); copy_page: (src, dst); forward: (top k,) or ()
     batch: Batch | None = None
     drop: tuple[int, ...] = ()
+    # forward: None, or the batch's token ids are placeholders and token i is row fed[i] of the
+    # argmax of this rank's last top-k step (a Feed)
+    fed: np.ndarray | None = None
 
 
 @dataclass
@@ -60,27 +76,94 @@ def serve_worker(shard: ShardRunner, conn: Connection) -> bool:
     """A worker's life: run every command rank 0 sends, until "shutdown"; answer each step's
     timing. True after a shutdown, False if rank 0's end closed without one (it died)."""
     caches: dict[int, TorchKVCache] = {}
-    while True:
+    argmax: Tensor | None = None  # [R] of the last top-k step: where fed tokens come from
+    reporter = _Reporter(shard, conn)
+    try:
+        while True:
+            try:
+                command: Command = conn.recv()
+            except (EOFError, OSError):
+                return False
+            for kv_id in command.drop:
+                _release(caches.pop(kv_id, None))
+            if command.kind == "shutdown":
+                for cache in caches.values():
+                    _release(cache)
+                return True
+            if command.kind == "new_kv":
+                caches[command.kv_id] = shard.new_kv_cache(*command.args)
+            elif command.kind == "copy_page":
+                shard.copy_page(caches[command.kv_id], *command.args)
+            elif command.kind == "forward" and command.batch is not None:
+                started = time.perf_counter()
+                tokens = None
+                if command.fed is not None:
+                    assert argmax is not None, "a fed step with no top-k step before it"
+                    tokens = argmax_rows(argmax, command.fed)
+                if shard.captures_graph(command.batch, caches[command.kv_id]):
+                    reporter.drain()  # no CUDA call from another thread while a graph is captured
+                with torch.no_grad():
+                    logits = shard.launch_logits(command.batch, caches[command.kv_id], tokens)
+                    if command.args:
+                        argmax = shard.top_argmax(logits, command.args[0])
+                reporter.after_step(shard.finish_timing(started))
+            else:
+                raise RuntimeError(f"unknown tensor-parallel command {command.kind!r}")
+    finally:
+        reporter.close()
+
+
+class _Reporter:
+    """Sends each step's RankTiming up the pipe once the step has finished on the device.
+
+    On a GPU (collectives untimed) a thread waits for the step, so the worker meanwhile takes
+    the next command and queues it behind; on the CPU, or when a replayed graph's timers must
+    be read before the next replay records them again, the worker itself waits."""
+
+    def __init__(self, shard: ShardRunner, conn: Connection):
+        self.shard, self.conn = shard, conn
+        self.queue: Queue[tuple[Any, Callable[[], RankTiming]] | None] | None = None
+        if shard.device.type == "cuda" and not shard.clock.enabled:
+            self.queue = Queue()
+            self.thread = threading.Thread(target=self._run, name="tinyinfer-tp-timings", daemon=True)
+            self.thread.start()
+
+    def after_step(self, timing: Callable[[], RankTiming]) -> None:
+        if self.queue is None:
+            if self.shard.device.type == "cuda":
+                torch.cuda.synchronize(self.shard.device)
+            self.conn.send(timing())
+            return
+        done = torch.cuda.Event()
+        done.record()
+        self.queue.put((done, timing))
+
+    def _run(self) -> None:
+        assert self.queue is not None
         try:
-            command: Command = conn.recv()
-        except (EOFError, OSError):
-            return False
-        for kv_id in command.drop:
-            _release(caches.pop(kv_id, None))
-        if command.kind == "shutdown":
-            for cache in caches.values():
-                _release(cache)
-            return True
-        if command.kind == "new_kv":
-            caches[command.kv_id] = shard.new_kv_cache(*command.args)
-        elif command.kind == "copy_page":
-            shard.copy_page(caches[command.kv_id], *command.args)
-        elif command.kind == "forward" and command.batch is not None:
-            top_k = command.args[0] if command.args else None
-            _, timing = shard.run_step(command.batch, caches[command.kv_id], top_k)
-            conn.send(timing)
-        else:
-            raise RuntimeError(f"unknown tensor-parallel command {command.kind!r}")
+            while (item := self.queue.get()) is not None:
+                done, timing = item
+                done.synchronize()
+                self.conn.send(timing())
+                self.queue.task_done()
+        except OSError:  # rank 0's end has closed: the worker's loop sees it too
+            return
+        except Exception:  # the step failed on the device: end the worker, rank 0 sees EOF
+            traceback.print_exc()
+            os._exit(1)
+
+    def drain(self) -> None:
+        """Return once every step handed over so far has been reported."""
+        if self.queue is None:
+            return
+        with self.queue.all_tasks_done:  # Queue.join, unless the thread has ended
+            while self.queue.unfinished_tasks and self.thread.is_alive():
+                self.queue.all_tasks_done.wait(0.1)
+
+    def close(self) -> None:
+        if self.queue is not None:
+            self.queue.put(None)
+            self.thread.join()
 
 
 def _release(cache: TorchKVCache | None) -> None:
@@ -107,6 +190,9 @@ class TensorParallelRunner:
     _dropped: deque[tuple[int, TorchKVCache]] = field(default_factory=deque, repr=False)
     _closed: bool = False
     _broken: bool = False  # a step failed part-way: the ranks may be out of step
+    _last_top: TopFuture | None = field(default=None, repr=False)  # the last launch_top: what a Feed may name
+    _launches: Any = field(default_factory=itertools.count, repr=False)
+    _owed: deque[int] = field(default_factory=deque, repr=False)  # launches whose timings are unread
 
     @property
     def config(self) -> ModelConfig:
@@ -140,20 +226,47 @@ class TensorParallelRunner:
 
     def forward(self, batch: Batch, kv_cache: TensorParallelKVCache) -> np.ndarray:
         """Run one batch on every rank; return float32 logits [R, V] gathered on rank 0."""
-        logits = self._step(batch, kv_cache, None)
-        assert isinstance(logits, Tensor)
-        return logits.cpu().numpy()
+        self._send(Command("forward", kv_cache.kv_id, (), batch))
+        self._last_top = None
+        with self._step_guard():
+            started = time.perf_counter()
+            logits = self.shard.launch_logits(batch, kv_cache.local)
+            timing = self.shard.finish_timing(started)
+            host = logits.cpu().numpy()  # waits for the step
+            self._collect(self._owe(), timing())
+        return host
 
     def forward_top(self, batch: Batch, kv_cache: TensorParallelKVCache, k: int) -> TopLogits:
-        """The same step, each rank reducing its vocabulary slice to top k before the gather."""
-        top = self._step(batch, kv_cache, k)
-        assert isinstance(top, TopLogits)
-        return top
+        """The same step reduced to top k on the device (``launch_top``, waited for)."""
+        return self.launch_top(batch, kv_cache, k).result()
 
     def launch_top(self, batch: Batch, kv_cache: TensorParallelKVCache, k: int,
                    feed: Feed | None = None) -> TopFuture:
-        """forward_top, computed now: every rank answers before the step returns."""
-        return TopFuture.done(self.forward_top(fed_batch(batch, feed), kv_cache, k))
+        """forward_top queued on every rank (CUDA: returns before the step has run). A Feed from
+        this runner's last top-k launch stays on the devices: each rank takes the tokens from its
+        own argmax of that step. With ``time_collectives`` the step is waited for at once (the
+        timers a graph holds are recorded again by its next replay)."""
+        if feed is not None and feed.source is not self._last_top:
+            batch, feed = fed_batch(batch, feed), None  # another source: its tokens via the host
+        fed = None if feed is None else np.ascontiguousarray(feed.rows, dtype=np.int64)
+        self._send(Command("forward", kv_cache.kv_id, (k,), batch, fed=fed))
+        with self._step_guard():
+            started = time.perf_counter()
+            inner = self.shard.launch_top(batch, kv_cache.local, k, feed)
+            timing = self.shard.finish_timing(started)
+        launch = self._owe()
+
+        def wait() -> TopLogits:
+            with self._step_guard():
+                top = inner.result()
+                self._collect(launch, timing())
+            return top
+
+        future = TopFuture(inner.argmax, wait, lambda: inner.device_seconds)
+        self._last_top = future
+        if self.shard.clock.enabled:
+            future.result()
+        return future
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -179,20 +292,32 @@ class TensorParallelRunner:
 
     # ------------------------------------------------------------------ inside
 
-    def _step(self, batch: Batch, kv: TensorParallelKVCache, top_k: int | None) -> Tensor | TopLogits:
-        self._send(Command("forward", kv.kv_id, () if top_k is None else (top_k,), batch))
+    @contextmanager
+    def _step_guard(self) -> Iterator[None]:
+        """A step that fails part-way leaves the ranks out of step: mark the runner broken."""
         try:
-            with torch.no_grad():
-                result, timing = self.shard.run_step(batch, kv.local, top_k)
-            self.last_timings = (timing, *(conn.recv() for conn in self.conns))
+            yield
         except BaseException as exc:  # the ranks may now disagree on where they are
             self._broken = True
             if isinstance(exc, Exception):
                 raise TinyInferError(f"a tensor-parallel step failed part-way ({type(exc).__name__}: "
                                      f"{exc}); close() this model and load it again") from exc
             raise
-        assert result is not None
-        return result
+
+    def _owe(self) -> int:
+        """Number a launched step whose workers' timings are still on their way up the pipes."""
+        launch = next(self._launches)
+        self._owed.append(launch)
+        return launch
+
+    def _collect(self, launch: int, own: RankTiming) -> None:
+        """Read every worker's timings up to step ``launch`` (earlier ones no one waited for
+        are dropped); ``last_timings`` = rank 0's and theirs of that step."""
+        workers: tuple[RankTiming, ...] = ()
+        while self._owed and self._owed[0] <= launch:
+            self._owed.popleft()
+            workers = tuple(conn.recv() for conn in self.conns)
+        self.last_timings = (own, *workers)
 
     def _send(self, command: Command) -> None:
         if self._closed:
@@ -210,7 +335,6 @@ class TensorParallelRunner:
             drop.append(kv_id)
         # Pickled once for all workers (what Connection.send does per call; a decode step's
         # command takes tens of microseconds to pickle, and the last worker starts that much later)
-        data = ForkingPickler.dumps(Command(command.kind, command.kv_id, command.args, command.batch,
-                                            tuple(drop)))
+        data = ForkingPickler.dumps(dataclasses.replace(command, drop=tuple(drop)))
         for conn in self.conns:
             conn.send_bytes(data)

@@ -12,8 +12,7 @@ Every rank runs the same forward pass on its own slice of the weights:
 * embedding and LM head: vocabulary-parallel. Rank r owns vocabulary rows ``[r Vs, (r+1) Vs)``
   (Vs = ceil(V / N), the last shard padded); a token outside the shard embeds to zeros and an
   all-reduce assembles the embedding; each rank computes logits for its own vocabulary slice,
-  and rank 0 gathers either the slices or, for greedy rows, each slice's top k and
-  log-sum-exp.
+  and an all-gather puts the slices side by side on every rank.
 
 Biases of row-parallel layers (o, down / proj) live on rank 0 only, so the all-reduce adds
 them once. Norms and GPT-2's position table are small and replicated.
@@ -37,7 +36,7 @@ import time
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -48,8 +47,8 @@ from torch import Tensor
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
 from tinyinfer.runners import torch_layers as layers
-from tinyinfer.runners.runner import Batch, RankShare, RankTiming, RunnerInfo, TopLogits
-from tinyinfer.runners.torch_fast import TorchKVCache, TorchRunner, _Step, device_top
+from tinyinfer.runners.runner import Batch, RankShare, RankTiming, RunnerInfo
+from tinyinfer.runners.torch_fast import TorchKVCache, TorchRunner, _Step, reduce_top
 from tinyinfer.runners.torch_graphs import DecodeGraphs
 from tinyinfer.runners.torch_weights import random_weights
 from tinyinfer.weights import Bf16Array
@@ -317,8 +316,8 @@ class ShardRunner(TorchRunner):
     are captured with the layers, and every rank captures the same step at the same moment,
     because every rank runs the same commands in the same order.
 
-    Every rank ends a step with the whole vocabulary's logits [R, V]; ``run_step`` returns
-    them (or their top k) on rank 0. Call ``connect()`` on every rank once
+    Every rank ends a step with the whole vocabulary's logits [R, V] (``launch_logits``; rank 0
+    reduces them through TorchRunner's ``launch_top``). Call ``connect()`` on every rank once
     ``torch.distributed`` is initialised, then use the shards in the same order on all ranks.
     """
 
@@ -394,6 +393,7 @@ class ShardRunner(TorchRunner):
 
     def _device_logits(self, batch: Batch, kv: TorchKVCache, tokens: Tensor | None = None) -> Tensor:
         """TorchRunner's step; a replayed graph's collectives are timed by the spans it captured."""
+        self.clock.reset()
         graphs = self._decode_graphs(batch, kv)
         size = graphs.padded_size(batch.num_seqs) if graphs is not None else None
         if graphs is None or size is None:
@@ -463,19 +463,33 @@ class ShardRunner(TorchRunner):
         whole = parts.view(self.world, rows, -1).permute(1, 0, 2).reshape(rows, -1)
         return whole[:, :self.full_config.vocab_size]
 
-    def run_step(self, batch: Batch, kv: TorchKVCache, top_k: int | None
-                 ) -> tuple[Tensor | TopLogits | None, RankTiming]:
-        """Every rank's part of one step. Rank 0 gets logits [R, V] (or their top k); others None."""
-        self.clock.reset()
-        t0 = time.perf_counter()
-        logits = self._device_logits(batch, kv)  # [R, V] float32
-        result: Tensor | TopLogits | None = None
-        if self.rank == 0:
-            result = logits if top_k is None else device_top(logits, top_k)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        total = time.perf_counter() - t0
+    def launch_logits(self, batch: Batch, kv: TorchKVCache, tokens: Tensor | None = None) -> Tensor:
+        """Queue every rank's part of one step (``tokens`` [T] on the device replace the batch's
+        token ids); -> float32 logits of the whole vocabulary [R, V], on every rank."""
+        return self._device_logits(batch, kv, tokens)
+
+    def captures_graph(self, batch: Batch, kv: TorchKVCache) -> bool:
+        """Whether this step would capture a new CUDA graph (rather than replay or run eagerly)."""
+        graphs = self._decode_graphs(batch, kv)
+        size = graphs.padded_size(batch.num_seqs) if graphs is not None else None
+        return graphs is not None and size is not None and size not in graphs.graphs
+
+    def top_argmax(self, logits: Tensor, k: int) -> Tensor:
+        """Each row's argmax [R] by the reduction rank 0's ``launch_top`` runs for top k: every
+        rank holds the same gathered logits, so a worker's argmax is the token rank 0 reads."""
+        return reduce_top(logits, k, self._greedy_reduce)[0]
+
+    def finish_timing(self, started: float) -> Callable[[], RankTiming]:
+        """For the step just launched (at ``started``, perf_counter): call once it has finished
+        on the device, for its RankTiming. Counts are taken now (the next launch resets them);
+        timed spans, which a replayed graph records again, are read on the call — so with
+        ``time_collectives`` call it before the next step."""
+        if self.clock.enabled:
+            return lambda: self._timing(time.perf_counter() - started)
+        counted = self._timing(0.0)
+        return lambda: dataclasses.replace(counted, compute_s=time.perf_counter() - started)
+
+    def _timing(self, total: float) -> RankTiming:
         reduce_s, gather_s = self.clock.seconds("all_reduce"), self.clock.seconds("gather")
-        timing = RankTiming(self.rank, max(0.0, total - reduce_s - gather_s), reduce_s, gather_s,
-                            len(self.clock.spans["all_reduce"]), self.clock.seconds("forward"))
-        return result, timing
+        return RankTiming(self.rank, max(0.0, total - reduce_s - gather_s), reduce_s, gather_s,
+                          len(self.clock.spans["all_reduce"]), self.clock.seconds("forward"))

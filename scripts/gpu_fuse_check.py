@@ -92,9 +92,10 @@ def check(device: torch.device) -> dict:
     return out
 
 
-def step_variant(config, weights, products: str, pdl: bool, device: torch.device) -> dict:
-    """Batch-1 decode through one variant: graph replay time and a profile of its kernels."""
-    torch_triton._pdl[torch.device("cuda", torch.cuda.current_device())] = pdl
+def step_variant(config, weights, products: str, pdl: str, device: torch.device) -> dict:
+    """Batch-1 decode through one variant: graph replay time and a profile of its kernels.
+    pdl: "on" or "off" (programmatic dependent launch of the Triton kernels)."""
+    torch_triton._pdl[torch.device("cuda", torch.cuda.current_device())] = pdl == "on"
     runner = TorchRunner(config, weights, device=str(device), dtype="bfloat16", decode_products=products)
     table = list(range(math.ceil((PROMPT + DECODE + 8) / PAGE)))
     kv = runner.new_kv_cache(len(table), PAGE)
@@ -144,8 +145,8 @@ def steps(shape: str, device: torch.device, bandwidth: float, chosen: str) -> di
     config, _ = bs.shape_config(shape, 1024)
     weights = random_weights(config, str(device), "bfloat16")
     variants = {}
-    for products, pdl in ((p, flag == "on") for p, flag in (v.split(":") for v in chosen.split(","))):
-        name = f"{products}, pdl {'on' if pdl else 'off'}"
+    for products, pdl in (v.split(":") for v in chosen.split(",")):
+        name = f"{products}, pdl {pdl}"
         try:
             variants[name] = step_variant(config, weights, products, pdl, device)
         except Exception:
@@ -154,7 +155,7 @@ def steps(shape: str, device: torch.device, bandwidth: float, chosen: str) -> di
         gc.collect()
         torch.cuda.empty_cache()
     torch_triton._pdl.clear()
-    base = variants.get("torch, pdl off", {}).get("first_decode_logits")
+    base = next(iter(variants.values()), {}).get("first_decode_logits")
     for v in variants.values():
         logits = v.pop("first_decode_logits", None)
         if base is not None and logits is not None:

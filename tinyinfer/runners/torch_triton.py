@@ -1,7 +1,7 @@
 """A Triton kernel for paged decode attention (GPU only; imported only when Triton is there).
 
-It computes what ``torch_layers.paged_decode_attention`` computes, in one launch per layer (two
-when a verification step's rows store their K/V first). A program takes one (query row, KV head, context split): it rotates the row's q and k,
+It computes what ``torch_layers.paged_decode_attention`` computes, in one or two launches per
+layer. A program takes one (query row, KV head, context split): it rotates the row's q and k,
 and (with one row per sequence) the first split stores the new k and v in the token's page
 slot; then it streams its share of the earlier keys and values page by page through the page
 table with an online softmax. Nothing is gathered into a padded copy, so the cost follows each
@@ -15,9 +15,8 @@ count follows the number of sequences, not rows). So decode and verification com
 attention, bit for bit, for a token at the same position over the same cache.
 
 At batch 1 there are only (KV heads) programs, each walking the whole context one block
-after another; splitting the context across programs (flash-decoding) keeps the GPU busy.
-Each split leaves its partial softmax in a float32 buffer, and the last split of a (row, KV
-head) to finish — counted with an atomic — merges them, so no second kernel is launched.
+after another; splitting the context across programs (flash-decoding) keeps the GPU busy,
+and a second small kernel merges the splits' partial softmaxes.
 
 On cards with programmatic dependent launch (compute capability 9.0+) the kernels are launched
 so that their programs may start while the previous kernel's finish; they wait for its results
@@ -53,8 +52,6 @@ MAX_SPLITS = 16
 # (as NumPy and torch round), in the interpreter too, which has no libdevice rint.
 ROUNDING = tl.constexpr(12582912.0)
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter runs the kernels
-
-
 _pdl: dict[torch.device, bool] = {}
 
 
@@ -200,7 +197,7 @@ def attend_block(q1, q2, m, l, acc1, acc2, k_cache_ptr, v_cache_ptr, k_scale_ptr
 
 @triton.jit
 def _paged_decode_kernel(
-    qkv_ptr, out_ptr, part_acc_ptr, part_ml_ptr, counters_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
+    qkv_ptr, out_ptr, part_acc_ptr, part_ml_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
     positions_ptr, slots_ptr, block_tables_ptr, k_scale_ptr, v_scale_ptr,
     qkv_row_stride, block_table_row_stride, scale,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
@@ -265,7 +262,7 @@ def _paged_decode_kernel(
             NUM_KV_HEADS, HALF, KV_INT8)
         start += BLOCK_N
 
-    if PDL:
+    if PDL:  # the next kernel may launch: it waits for this one's results before reading them
         gdc_launch_dependents()
     if NUM_SPLITS == 1:
         out_at = out_ptr + row * NUM_HEADS * head_dim + heads[:, None] * head_dim + d[None, :]
@@ -280,44 +277,25 @@ def _paged_decode_kernel(
         tl.store(acc_at + HALF, acc2, mask=gd_ok)
         tl.store(part_ml_ptr + part * 2, m, mask=g_ok)
         tl.store(part_ml_ptr + part * 2 + 1, l, mask=g_ok)
-        # The last of the (row, KV head)'s splits to finish merges them (counted with an atomic):
-        # out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s, splits in order.
-        tl.debug_barrier()  # every thread's partial is issued before the count goes up
-        counter = counters_ptr + row * NUM_KV_HEADS + kv_head
-        if tl.atomic_add(counter, 1) == NUM_SPLITS - 1:  # acquire-release, GPU scope
-            base = (row * NUM_HEADS + heads) * NUM_SPLITS  # [G]
-            s = tl.arange(0, NUM_SPLITS)
-            top = tl.max(tl.load(part_ml_ptr + (base[:, None] + s[None, :]) * 2, mask=g_ok[:, None],
-                                 other=0.0, cache_modifier=".cg"), 1)  # [G]
-            total = tl.zeros([GROUP_P], tl.float32)
-            out1 = tl.zeros([GROUP_P, HALF_P], tl.float32)
-            out2 = tl.zeros([GROUP_P, HALF_P], tl.float32)
-            for i in range(NUM_SPLITS):
-                at = base + i
-                weight = tl.exp(tl.load(part_ml_ptr + at * 2, mask=g_ok, other=0.0, cache_modifier=".cg")
-                                - top)  # empty splits have m = -inf: weight 0
-                total += weight * tl.load(part_ml_ptr + at * 2 + 1, mask=g_ok, other=0.0, cache_modifier=".cg")
-                split_at = part_acc_ptr + at[:, None] * head_dim + d[None, :]
-                out1 += weight[:, None] * tl.load(split_at, mask=gd_ok, other=0.0, cache_modifier=".cg")
-                out2 += weight[:, None] * tl.load(split_at + HALF, mask=gd_ok, other=0.0, cache_modifier=".cg")
-            out_at = out_ptr + row * NUM_HEADS * head_dim + heads[:, None] * head_dim + d[None, :]
-            out_dtype = out_ptr.dtype.element_ty
-            total = tl.where(g_ok, total, 1.0)
-            tl.store(out_at, (out1 / total[:, None]).to(out_dtype), mask=gd_ok)
-            tl.store(out_at + HALF, (out2 / total[:, None]).to(out_dtype), mask=gd_ok)
-            tl.atomic_xchg(counter, 0)  # ready for the next launch
 
 
-_counters: dict[torch.device, Tensor] = {}
-
-
-def _merge_counters(device: torch.device, count: int) -> Tensor:
-    """Zeroed split counters, one per (query row, KV head), one buffer per device, grown (to a
-    power of two) when a larger batch comes; every launch leaves them zero. A CUDA graph is
-    captured after warm-up runs of its own batch, so the buffer never grows inside a capture."""
-    if device not in _counters or _counters[device].numel() < count:
-        _counters[device] = torch.zeros(triton.next_power_of_2(count), dtype=torch.int32, device=device)
-    return _counters[device]
+@triton.jit
+def _merge_splits_kernel(out_ptr, part_acc_ptr, part_ml_ptr, NUM_SPLITS: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, PDL: tl.constexpr):
+    """out[b, h] = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s, over the splits s."""
+    if PDL:
+        gdc_wait()
+    row = tl.program_id(0)  # b * H + h
+    s = tl.arange(0, NUM_SPLITS)
+    d = tl.arange(0, HEAD_DIM_P)
+    d_ok = d < HEAD_DIM
+    m = tl.load(part_ml_ptr + (row * NUM_SPLITS + s) * 2)
+    l = tl.load(part_ml_ptr + (row * NUM_SPLITS + s) * 2 + 1)
+    weight = tl.exp(m - tl.max(m, 0))  # empty splits have m = -inf: weight 0
+    acc = tl.load(part_acc_ptr + (row * NUM_SPLITS + s)[:, None] * HEAD_DIM + d[None, :],
+                  mask=d_ok[None, :], other=0.0)
+    out = tl.sum(weight[:, None] * acc, 0) / tl.sum(weight * l, 0)
+    tl.store(out_ptr + row * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
 def default_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
@@ -386,12 +364,16 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
     if q_len > 1:
         store_kv(qkv, positions, slots, k_cache, v_cache, cos_table, sin_table, num_heads,
                  k_scale, v_scale)
-    counters = _merge_counters(qkv.device, rows * num_kv_heads) if num_splits > 1 else out
     _paged_decode_kernel[(rows, num_kv_heads, num_splits)](
-        qkv, out, part_acc, part_ml, counters, k_cache, v_cache, cos, sin,
+        qkv, out, part_acc, part_ml, k_cache, v_cache, cos, sin,
         positions, slots, page_tables, *scales,
         qkv.stride(0), page_tables.stride(0), head_dim ** -0.5,
         **shape, PAGE_SIZE=page_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
         Q_LEN=q_len, STORE_KV=q_len == 1, PDL=pdl, num_warps=4, launch_pdl=pdl,
     )
+    if num_splits > 1:
+        _merge_splits_kernel[(rows * num_heads,)](
+            out, part_acc, part_ml, NUM_SPLITS=num_splits, HEAD_DIM=head_dim,
+            HEAD_DIM_P=triton.next_power_of_2(head_dim), PDL=pdl, num_warps=1, launch_pdl=pdl,
+        )
     return out

@@ -153,7 +153,7 @@ def _gemv_kernel(
             acc_u += u.to(tl.float32) * xk[None, :]
         w = w_next
         u = u_next
-    if PDL:
+    if PDL:  # the next kernel may launch now: its first tile of weights loads under this tail
         gdc_launch_dependents()
     gate = tl.sum(acc, 1)
     up = gate
@@ -196,13 +196,13 @@ def _counter_buffer(device: torch.device) -> Tensor:
 
 
 def pick_config(n: int, k: int, gated: bool) -> Config:
-    """Tiles measured fastest on an H100 at batch 1 (docs/fast-path.md): 8 outputs per program;
-    512 inputs per loop step, 128 with 8 warps for gated products (which read two rows per
-    output); inputs split across programs only past 4096 of them (the down product), as more
-    programs of less work each ran slower at these sizes."""
+    """Tiles measured fastest on an H100 at batch 1 at the 1B and 8B shapes (docs/fast-path.md):
+    8 outputs per program; 512 inputs per loop step, or 128 with 8 warps for gated products
+    (which read two rows per output); the inputs split in two past 4096 of them (the down
+    products). Smaller tiles and deeper splits, for more programs, ran slower at these sizes."""
     if gated:
         return Config(8, 128, 1, num_warps=8)
-    return Config(8, 512, split_k=max(1, k // 4096))
+    return Config(8, 512, split_k=2 if k > 4096 else 1)
 
 
 def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm: Tensor | None = None,

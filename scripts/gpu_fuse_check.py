@@ -5,16 +5,18 @@
                                                    [--tile-shapes llama-3.2-1b,llama-3-8b]
 
 * check  the fused products (``torch_triton_gemv``) against torch's (cuBLAS) on random bf16
-         inputs at the 1B shape's sizes (relative error), and one decode step of each shape
-         through both paths (logits' relative difference);
-* steps  per shape, per variant (decode_products "torch" / "triton", programmatic dependent
-         launch off / on): the batch-1 decode step replayed from its CUDA graph (CUDA events,
+         inputs at the 1B shape's sizes (relative error), 1 and 3 rows;
+* steps  per shape, per variant (--variants: decode_products "torch" / "triton", programmatic
+         dependent launch "off" / "on" where the runner uses it): the batch-1 decode step
+         replayed from its CUDA graph (CUDA events,
          median of 100 at context ~192), and a profile of 20 replays: each kernel's name, count
-         and time per step, their sum against the replay time (the rest: gaps between kernels);
+         and time per step, their sum against the replay time (the rest: gaps between kernels;
+         negative where kernels overlap), and the first decode step's logits against the first
+         variant's;
 * tiles  each product of a shape (--tile-shapes; every layer's weight in turn, from one CUDA
          graph, so L2 serves none) by cuBLAS and by the Triton kernel under several tile choices;
-* check decode attention: gpu_check's check of the Triton decode kernel (splits merged in the
-         kernel) against the gather version.
+* check decode attention: gpu_check's check of the Triton decode kernel against the gather
+         version (with --parts check).
 
 Writes OUT/gpu_fuse_check.json after each part.
 """

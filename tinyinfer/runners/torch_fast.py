@@ -23,6 +23,7 @@ Same function as ``numpy_ref.NumpyRunner``, arranged for speed:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import math
 import sys
@@ -153,10 +154,15 @@ class TorchRunner:
             self._decode_fns = tuple(torch.compile(fn) for fn in self._eager)
         self.decode_products = self._pick_decode_products(decode_products)
         self._fused_fns = None
+        # the decode attention beside the fused products: the Triton kernel launched so that it
+        # may start as the q|k|v product ends (programmatic dependent launch, where the card has it)
+        self._fused_attention = self.decode_attention
         if self.decode_products == "triton":
             from tinyinfer.runners import torch_triton_gemv as gemv
 
             self._fused_fns = (gemv.attention_input, gemv.mlp_block, gemv.final_logits)
+            if self.decode_attention_kind == "triton":
+                self._fused_attention = functools.partial(self.decode_attention, pdl=True)
         self._greedy_reduce = torch.compile(greedy_reduce) if self.compile else greedy_reduce
         self._announced_compile = False
 
@@ -339,11 +345,11 @@ class TorchRunner:
         # Decode steps (memory-bound, many small kernels) run the compiled functions; prefill
         # chunks (compute-bound, shapes that vary every step) run them eager.
         # Batch-1 decode steps run the fused Triton products where they apply.
-        fns = self._decode_fns
+        fns, attend = self._decode_fns, self.decode_attention
         if step.prefills:
             fns = self._eager
         elif self._fused_fns is not None and len(step.token_ids) <= FUSED_MAX_ROWS:
-            fns = self._fused_fns
+            fns, attend = self._fused_fns, self._fused_attention
         attention_input, mlp_block, final_logits = fns
         w = self.w
         x = layers.embedding(w.embed, step.token_ids, self.dtype)  # [T, D]
@@ -353,22 +359,25 @@ class TorchRunner:
         eps, gated = self.config.norm_eps, self.config.family == "llama"
         for i, layer in enumerate(w.layers):
             x, qkv = attention_input(x, residual, *layer.attn_norm, *layer.qkv, eps)
-            attn = self._attention(i, qkv, step, kv)  # [T, H hd]
+            attn = self._attention(i, qkv, step, kv, attend)  # [T, H hd]
             x, residual = mlp_block(x, attn, *layer.o, *layer.mlp_norm, *layer.mlp_in,
                                     *layer.mlp_out, eps, gated)
         if step.logits_rows is not None:
             x, residual = x[step.logits_rows], residual[step.logits_rows]
         return final_logits(x, residual, *w.final_norm, w.head, eps)  # [R, V]
 
-    def _attention(self, layer: int, qkv: Tensor, step: _Step, kv: TorchKVCache) -> Tensor:
-        """Decode rows attend together through their page tables; prefill chunks together too."""
+    def _attention(self, layer: int, qkv: Tensor, step: _Step, kv: TorchKVCache,
+                   attend: Callable[..., Tensor] | None = None) -> Tensor:
+        """Decode rows attend together through their page tables (``attend``, the runner's
+        decode attention unless given); prefill chunks together too."""
+        attend = attend or self.decode_attention
         c = self.config
         k_cache, v_cache = kv.k[layer], kv.v[layer]  # [P + 1, S, Hkv, hd]
         scales = kv.layer_scales(layer)  # int8 K/V: k_scale, v_scale [P + 1, S, Hkv]
 
         def decode(qkv_rows: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
-            return self.decode_attention(qkv_rows, positions, slots, step.decode_tables, k_cache,
-                                         v_cache, self.cos, self.sin, c.num_heads, **scales)
+            return attend(qkv_rows, positions, slots, step.decode_tables, k_cache, v_cache,
+                          self.cos, self.sin, c.num_heads, **scales)
 
         if step.prefills is None:
             return decode(qkv, step.positions, step.slots)

@@ -58,7 +58,10 @@ _pdl: dict[torch.device, bool] = {}
 def uses_pdl(device: torch.device) -> bool:
     """Programmatic dependent launch (a kernel's programs start while the previous kernel's
     finish, and wait for its results with ``gdc_wait``): CUDA cards of compute capability 9.0
-    or later, not under Triton's CPU interpreter."""
+    or later, not under Triton's CPU interpreter. Worth it only after kernels that let the next
+    one launch at their end (``torch_triton_gemv``'s): after cuBLAS products, whose kernels let
+    it launch early, the attention kernel's waiting programs slowed the step (1B shape, H100:
+    1.37 against 1.32 ms)."""
     if device not in _pdl:
         _pdl[device] = (not _INTERPRETED and device.type == "cuda"
                         and torch.cuda.get_device_capability(device) >= (9, 0))
@@ -319,13 +322,13 @@ def kernel_shape(num_heads: int, k_cache: Tensor, cos_table: Tensor | None,
 
 def store_kv(qkv: Tensor, positions: Tensor, slots: Tensor, k_cache: Tensor, v_cache: Tensor,
              cos_table: Tensor | None, sin_table: Tensor | None, num_heads: int,
-             k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> None:
+             k_scale: Tensor | None = None, v_scale: Tensor | None = None, pdl: bool = False) -> None:
     """Rotate every row's new k and store it and v in its slot (int8 K/V: quantized), before
     rows that read each other's K/V from the cache attend.  qkv: [T, (H + 2 Hkv) hd]."""
     shape = kernel_shape(num_heads, k_cache, cos_table, k_scale, v_scale)
     cos, sin = (cos_table, sin_table) if shape["ROPE"] else (qkv, qkv)
     scales = (k_scale, v_scale) if shape["KV_INT8"] else (k_cache, v_cache)  # unread without int8
-    pdl = uses_pdl(qkv.device)
+    pdl = pdl and uses_pdl(qkv.device)
     _store_kv_kernel[(qkv.shape[0], k_cache.shape[2])](
         qkv, k_cache, v_cache, *scales, cos, sin, positions, slots, qkv.stride(0), **shape,
         PDL=pdl, num_warps=1, launch_pdl=pdl)
@@ -335,14 +338,15 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
                            k_cache: Tensor, v_cache: Tensor, cos_table: Tensor | None,
                            sin_table: Tensor | None, num_heads: int,
                            num_splits: int | None = None, k_scale: Tensor | None = None,
-                           v_scale: Tensor | None = None) -> Tensor:
+                           v_scale: Tensor | None = None, pdl: bool = False) -> Tensor:
     """Same contract as ``torch_layers.paged_decode_attention``, in Triton.
 
     qkv: [B q, (H + 2 Hkv) hd] (rows contiguous; q new tokens per sequence, in order),
     positions/slots: [B q] int64, page_tables: [B, W] int, caches: [P, S, Hkv, hd] contiguous
     (int8 K/V: int8 caches and their float16 scales [P, S, Hkv], contiguous). -> [B q, H hd].
     num_splits (a power of two) splits each context across programs; None picks by GPU size
-    and B alone, so a row's arithmetic is the same whatever q is.
+    and B alone, so a row's arithmetic is the same whatever q is. pdl: launch with programmatic
+    dependent launch where the card has it (``uses_pdl``: after the fused products only).
     """
     rows, batch = qkv.shape[0], page_tables.shape[0]
     q_len = rows // batch
@@ -360,10 +364,10 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
                           device=qkv.device)
     cos, sin = (cos_table, sin_table) if shape["ROPE"] else (qkv, qkv)
     scales = (k_scale, v_scale) if shape["KV_INT8"] else (k_cache, v_cache)  # unread without int8 K/V
-    pdl = uses_pdl(qkv.device)
+    pdl = pdl and uses_pdl(qkv.device)
     if q_len > 1:
         store_kv(qkv, positions, slots, k_cache, v_cache, cos_table, sin_table, num_heads,
-                 k_scale, v_scale)
+                 k_scale, v_scale, pdl)
     _paged_decode_kernel[(rows, num_kv_heads, num_splits)](
         qkv, out, part_acc, part_ml, k_cache, v_cache, cos, sin,
         positions, slots, page_tables, *scales,

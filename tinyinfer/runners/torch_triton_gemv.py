@@ -16,9 +16,9 @@ Same contracts and same roundings as ``torch_layers``' functions of those names 
 norms in float32, each product's output rounded to the compute dtype before it is used), so
 the runner swaps one set for the other.
 
-On cards with programmatic dependent launch (compute capability 9.0+) every kernel here and the
-decode attention kernels are launched so that the next kernel's programs start as the previous
-kernel's finish: a product loads its first tile of weights, which no earlier kernel writes,
+On cards with programmatic dependent launch (compute capability 9.0+) every kernel here, and the
+decode attention kernels between them, are launched so that a kernel's programs start as the
+previous kernel's finish: a product loads its first tile of weights, which no earlier kernel writes,
 before it waits for the previous kernel's results (``gdc_wait``), so the launch gap and the
 ramp-up of the weight stream overlap the previous kernel's tail.
 

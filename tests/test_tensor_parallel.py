@@ -320,6 +320,9 @@ def test_unsupported_options_are_refused():
     with pytest.raises(TinyInferError, match="CUDA graphs"):
         ShardRunner(config, load_weights(BUNDLED["bundled"], config), 0, 1, device="cpu",
                     cuda_graphs=True)
+    with pytest.raises(TinyInferError, match="shards take decode_products='torch'"):
+        ShardRunner(config, load_weights(BUNDLED["bundled"], config), 0, 1, device="cpu",
+                    decode_products="triton")
 
 
 def test_random_shapes_hold_one_shard_per_rank():

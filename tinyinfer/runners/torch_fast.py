@@ -23,6 +23,7 @@ Same function as ``numpy_ref.NumpyRunner``, arranged for speed:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import math
 import sys
@@ -53,6 +54,9 @@ from tinyinfer.runners.torch_weights import DeviceWeights, pick_device, pick_dty
 
 DECODE_ATTENTION = ("auto", "triton", "torch")
 PREFILL_ATTENTION = ("auto", "triton", "torch")
+DECODE_PRODUCTS = ("auto", "triton", "torch")
+# Decode steps of at most this many rows run the fused Triton products (decode_products="triton").
+FUSED_MAX_ROWS = 1
 # The most new tokens per sequence that a uniform batch may feed the decode path (and its CUDA
 # graphs): a verification step of the most draft tokens the engine allows, 16, plus one.
 MAX_DECODE_TOKENS = 17
@@ -115,7 +119,7 @@ class TorchRunner:
                  compile: bool | None = None, cuda_graphs: bool | None = None,
                  decode_attention: str = "auto", max_graph_batch: int = 256,
                  quant_kernel: str = "auto", kv_cache_dtype: str = "auto",
-                 prefill_attention: str = "auto"):
+                 prefill_attention: str = "auto", decode_products: str = "auto"):
         self.config = config
         self.kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype)
         self.device = pick_device(device)
@@ -148,6 +152,17 @@ class TorchRunner:
             dynamo_config = torch._dynamo.config
             dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
             self._decode_fns = tuple(torch.compile(fn) for fn in self._eager)
+        self.decode_products = self._pick_decode_products(decode_products)
+        self._fused_fns = None
+        # the decode attention beside the fused products: the Triton kernel launched so that it
+        # may start as the q|k|v product ends (programmatic dependent launch, where the card has it)
+        self._fused_attention = self.decode_attention
+        if self.decode_products == "triton":
+            from tinyinfer.runners import torch_triton_gemv as gemv
+
+            self._fused_fns = (gemv.attention_input, gemv.mlp_block, gemv.final_logits)
+            if self.decode_attention_kind == "triton":
+                self._fused_attention = functools.partial(self.decode_attention, pdl=True)
         self._greedy_reduce = torch.compile(greedy_reduce) if self.compile else greedy_reduce
         self._announced_compile = False
 
@@ -183,6 +198,31 @@ class TorchRunner:
                                  "and the triton package: use prefill_attention='torch'")
         return "triton" if choice == "triton" or (choice == "auto" and usable) else "torch"
 
+    def _pick_decode_products(self, choice: str) -> str:
+        """"triton": batch-1 decode steps through the fused Triton products
+        (``torch_triton_gemv``: norms, residual adds and SiLU·mul inside the matrix-vector
+        kernels); "torch": the compiled layer functions and cuBLAS; "auto": "triton" where it
+        applies (CUDA, Triton installed, RMSNorm and a gated MLP, unquantized fp16/bf16 weights)."""
+        if choice not in DECODE_PRODUCTS:
+            raise TinyInferError(f"decode_products must be one of {DECODE_PRODUCTS}, got {choice}")
+        if choice == "torch":
+            return "torch"
+        usable = self.device.type == "cuda" and _triton_installed() and self._fusable()
+        if choice == "triton" and not usable:
+            raise TinyInferError("decode_products='triton' needs a CUDA device, the triton package, "
+                                 "RMSNorm, a gated MLP and unquantized float16/bfloat16 weights: "
+                                 "use decode_products='torch'")
+        return "triton" if usable else "torch"
+
+    def _fusable(self) -> bool:
+        from tinyinfer.runners import torch_triton_gemv
+
+        w = self.w
+        norms = [w.final_norm[1]] + [n[1] for layer in w.layers for n in (layer.attn_norm, layer.mlp_norm)]
+        products = [w.head] + [p[0] for layer in w.layers
+                               for p in (layer.qkv, layer.o, layer.mlp_in, layer.mlp_out)]
+        return w.pos_embed is None and torch_triton_gemv.applies(self.config.family == "llama", norms, products)
+
     def _pick_quant_kernel(self, choice: str) -> str:
         """Which kernels multiply by int8 / int4 weights: "triton" (tinyinfer's, every format),
         "torch" (torch's int4 kernel where it takes the shape, its prefill rows dequantized by a
@@ -210,6 +250,7 @@ class TorchRunner:
             "decode_attention": self.decode_attention_kind,
             "prefill_attention": self.prefill_attention_kind,
             "quant_kernel": self.quant_kernel,
+            "decode_products": self.decode_products,
         }
 
     # ------------------------------------------------------------------ protocol
@@ -299,7 +340,13 @@ class TorchRunner:
         """Embed, run every layer, and return float32 logits for the step's logits rows."""
         # Decode steps (memory-bound, many small kernels) run the compiled functions; prefill
         # chunks (compute-bound, shapes that vary every step) run them eager.
-        attention_input, mlp_block, final_logits = self._eager if step.prefills else self._decode_fns
+        # Batch-1 decode steps run the fused Triton products where they apply.
+        fns, attend = self._decode_fns, self.decode_attention
+        if step.prefills:
+            fns = self._eager
+        elif self._fused_fns is not None and len(step.token_ids) <= FUSED_MAX_ROWS:
+            fns, attend = self._fused_fns, self._fused_attention
+        attention_input, mlp_block, final_logits = fns
         w = self.w
         x = layers.embedding(w.embed, step.token_ids, self.dtype)  # [T, D]
         if w.pos_embed is not None:
@@ -308,22 +355,25 @@ class TorchRunner:
         eps, gated = self.config.norm_eps, self.config.family == "llama"
         for i, layer in enumerate(w.layers):
             x, qkv = attention_input(x, residual, *layer.attn_norm, *layer.qkv, eps)
-            attn = self._attention(i, qkv, step, kv)  # [T, H hd]
+            attn = self._attention(i, qkv, step, kv, attend)  # [T, H hd]
             x, residual = mlp_block(x, attn, *layer.o, *layer.mlp_norm, *layer.mlp_in,
                                     *layer.mlp_out, eps, gated)
         if step.logits_rows is not None:
             x, residual = x[step.logits_rows], residual[step.logits_rows]
         return final_logits(x, residual, *w.final_norm, w.head, eps)  # [R, V]
 
-    def _attention(self, layer: int, qkv: Tensor, step: _Step, kv: TorchKVCache) -> Tensor:
-        """Decode rows attend together through their page tables; prefill chunks together too."""
+    def _attention(self, layer: int, qkv: Tensor, step: _Step, kv: TorchKVCache,
+                   attend: Callable[..., Tensor] | None = None) -> Tensor:
+        """Decode rows attend together through their page tables (``attend``, the runner's
+        decode attention unless given); prefill chunks together too."""
+        attend = attend or self.decode_attention
         c = self.config
         k_cache, v_cache = kv.k[layer], kv.v[layer]  # [P + 1, S, Hkv, hd]
         scales = kv.layer_scales(layer)  # int8 K/V: k_scale, v_scale [P + 1, S, Hkv]
 
         def decode(qkv_rows: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
-            return self.decode_attention(qkv_rows, positions, slots, step.decode_tables, k_cache,
-                                         v_cache, self.cos, self.sin, c.num_heads, **scales)
+            return attend(qkv_rows, positions, slots, step.decode_tables, k_cache, v_cache,
+                          self.cos, self.sin, c.num_heads, **scales)
 
         if step.prefills is None:
             return decode(qkv, step.positions, step.slots)

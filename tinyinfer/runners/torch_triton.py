@@ -18,6 +18,10 @@ At batch 1 there are only (KV heads) programs, each walking the whole context on
 after another; splitting the context across programs (flash-decoding) keeps the GPU busy,
 and a second small kernel merges the splits' partial softmaxes.
 
+On cards with programmatic dependent launch (compute capability 9.0+) the kernels are launched
+so that their programs may start while the previous kernel's finish; they wait for its results
+(``gdc_wait``) before reading anything (``torch_triton_gemv`` explains the gain).
+
 Scores and weighted sums run on the matrix units (``tl.dot``): the query heads that share a
 KV head form the rows, padded to 16. Each head is handled as its two RoPE halves, so only the
 halves need padding to a power of two. A row's own token is scored from registers rather than
@@ -34,10 +38,13 @@ codes × scale, without a dequantized tile.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 KEY_TILE_ELEMENTS = 4096  # keys x half head dim loaded per step, per K/V half (twice that in int8)
 MAX_SPLITS = 16
@@ -48,6 +55,21 @@ INT8_PIPELINE_STAGES = 5
 # 1.5 * 2**23: (x + ROUNDING) - ROUNDING rounds a float32 |x| < 2**22 to an integer, half to even
 # (as NumPy and torch round), in the interpreter too, which has no libdevice rint.
 ROUNDING = tl.constexpr(12582912.0)
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter runs the kernels
+_pdl: dict[torch.device, bool] = {}
+
+
+def uses_pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch (a kernel's programs start while the previous kernel's
+    finish, and wait for its results with ``gdc_wait``): CUDA cards of compute capability 9.0
+    or later, not under Triton's CPU interpreter. Worth it only after kernels that let the next
+    one launch at their end (``torch_triton_gemv``'s): after cuBLAS products, whose kernels let
+    it launch early, the attention kernel's waiting programs slowed the step (1B shape, H100:
+    1.37 against 1.32 ms)."""
+    if device not in _pdl:
+        _pdl[device] = (not _INTERPRETED and device.type == "cuda"
+                        and torch.cuda.get_device_capability(device) >= (9, 0))
+    return _pdl[device]
 
 
 @triton.jit
@@ -133,9 +155,11 @@ def _store_kv_kernel(
     slots_ptr, qkv_row_stride,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     GROUP_P: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr, ROPE: tl.constexpr,
-    KV_INT8: tl.constexpr,
+    KV_INT8: tl.constexpr, PDL: tl.constexpr,
 ):
     """Rotate and store every query row's new K/V (before several rows of a sequence attend)."""
+    if PDL:
+        gdc_wait()
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     _, _, k1, k2, v1, v2 = _new_token(
@@ -187,7 +211,10 @@ def _paged_decode_kernel(
     GROUP_P: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, ROPE: tl.constexpr,
     Q_LEN: tl.constexpr, STORE_KV: tl.constexpr, KV_INT8: tl.constexpr, NUM_STAGES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # everything below reads the previous kernel's q|k|v
+        gdc_wait()
     row = tl.program_id(0)  # one query row: token row % Q_LEN of sequence row // Q_LEN
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -242,6 +269,8 @@ def _paged_decode_kernel(
             page * PAGE_SIZE + n % PAGE_SIZE, n_ok, n_ok[None, :], kv_head, d, d_ok, scale, dtype,
             NUM_KV_HEADS, HALF, KV_INT8)
 
+    if PDL:  # the next kernel may launch: it waits for this one's results before reading them
+        gdc_launch_dependents()
     if NUM_SPLITS == 1:
         out_at = out_ptr + row * NUM_HEADS * head_dim + heads[:, None] * head_dim + d[None, :]
         out_dtype = out_ptr.dtype.element_ty
@@ -259,8 +288,10 @@ def _paged_decode_kernel(
 
 @triton.jit
 def _merge_splits_kernel(out_ptr, part_acc_ptr, part_ml_ptr, NUM_SPLITS: tl.constexpr,
-                         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr):
+                         HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, PDL: tl.constexpr):
     """out[b, h] = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s, over the splits s."""
+    if PDL:
+        gdc_wait()
     row = tl.program_id(0)  # b * H + h
     s = tl.arange(0, NUM_SPLITS)
     d = tl.arange(0, HEAD_DIM_P)
@@ -305,29 +336,31 @@ def kernel_shape(num_heads: int, k_cache: Tensor, cos_table: Tensor | None,
 
 def store_kv(qkv: Tensor, positions: Tensor, slots: Tensor, k_cache: Tensor, v_cache: Tensor,
              cos_table: Tensor | None, sin_table: Tensor | None, num_heads: int,
-             k_scale: Tensor | None = None, v_scale: Tensor | None = None) -> None:
+             k_scale: Tensor | None = None, v_scale: Tensor | None = None, pdl: bool = False) -> None:
     """Rotate every row's new k and store it and v in its slot (int8 K/V: quantized), before
     rows that read each other's K/V from the cache attend.  qkv: [T, (H + 2 Hkv) hd]."""
     shape = kernel_shape(num_heads, k_cache, cos_table, k_scale, v_scale)
     cos, sin = (cos_table, sin_table) if shape["ROPE"] else (qkv, qkv)
     scales = (k_scale, v_scale) if shape["KV_INT8"] else (k_cache, v_cache)  # unread without int8
+    pdl = pdl and uses_pdl(qkv.device)
     _store_kv_kernel[(qkv.shape[0], k_cache.shape[2])](
         qkv, k_cache, v_cache, *scales, cos, sin, positions, slots, qkv.stride(0), **shape,
-        num_warps=1)
+        PDL=pdl, num_warps=1, launch_pdl=pdl)
 
 
 def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_tables: Tensor,
                            k_cache: Tensor, v_cache: Tensor, cos_table: Tensor | None,
                            sin_table: Tensor | None, num_heads: int,
                            num_splits: int | None = None, k_scale: Tensor | None = None,
-                           v_scale: Tensor | None = None) -> Tensor:
+                           v_scale: Tensor | None = None, pdl: bool = False) -> Tensor:
     """Same contract as ``torch_layers.paged_decode_attention``, in Triton.
 
     qkv: [B q, (H + 2 Hkv) hd] (rows contiguous; q new tokens per sequence, in order),
     positions/slots: [B q] int64, page_tables: [B, W] int, caches: [P, S, Hkv, hd] contiguous
     (int8 K/V: int8 caches and their float16 scales [P, S, Hkv], contiguous). -> [B q, H hd].
     num_splits (a power of two) splits each context across programs; None picks by GPU size
-    and B alone, so a row's arithmetic is the same whatever q is.
+    and B alone, so a row's arithmetic is the same whatever q is. pdl: launch with programmatic
+    dependent launch where the card has it (``uses_pdl``: after the fused products only).
     """
     rows, batch = qkv.shape[0], page_tables.shape[0]
     q_len = rows // batch
@@ -348,19 +381,20 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
                           device=qkv.device)
     cos, sin = (cos_table, sin_table) if shape["ROPE"] else (qkv, qkv)
     scales = (k_scale, v_scale) if shape["KV_INT8"] else (k_cache, v_cache)  # unread without int8 K/V
+    pdl = pdl and uses_pdl(qkv.device)
     if q_len > 1:
         store_kv(qkv, positions, slots, k_cache, v_cache, cos_table, sin_table, num_heads,
-                 k_scale, v_scale)
+                 k_scale, v_scale, pdl)
     _paged_decode_kernel[(rows, num_kv_heads, num_splits)](
         qkv, out, part_acc, part_ml, k_cache, v_cache, cos, sin,
         positions, slots, page_tables, *scales,
         qkv.stride(0), page_tables.stride(0), head_dim ** -0.5,
         **shape, PAGE_SIZE=page_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
-        Q_LEN=q_len, STORE_KV=q_len == 1, NUM_STAGES=stages, num_warps=4,
+        Q_LEN=q_len, STORE_KV=q_len == 1, NUM_STAGES=stages, PDL=pdl, num_warps=4, launch_pdl=pdl,
     )
     if num_splits > 1:
         _merge_splits_kernel[(rows * num_heads,)](
             out, part_acc, part_ml, NUM_SPLITS=num_splits, HEAD_DIM=head_dim,
-            HEAD_DIM_P=triton.next_power_of_2(head_dim), num_warps=1,
+            HEAD_DIM_P=triton.next_power_of_2(head_dim), PDL=pdl, num_warps=1, launch_pdl=pdl,
         )
     return out

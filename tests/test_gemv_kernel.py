@@ -1,0 +1,93 @@
+"""The fused batch-1 decode products (runners/torch_triton_gemv.py), run by Triton's CPU
+interpreter: each layer function against torch_layers' version of it, and the runner stepping
+through them against its torch path."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+import tinyinfer
+from tests.interpreted import run_interpreted
+from tinyinfer.errors import TinyInferError
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="triton is not installed; scripts/gpu_fuse_check.py runs "
+                                         "the kernels on a GPU")
+
+
+@needs_triton
+def test_fused_layer_functions_match_torch_layers_in_interpreter():
+    """float32, sizes that fill no tile evenly, 1 and 3 rows, with and without biases, one split
+    and several: the same outputs as torch_layers (the residual sums bit for bit)."""
+    code = """
+import torch
+from tinyinfer.runners import torch_layers as L
+from tinyinfer.runners import torch_triton_gemv as G
+torch.manual_seed(0)
+def close(a, b):
+    return float((a - b).norm() / b.norm()) < 1e-6
+for rows, bias in ((1, False), (3, True)):
+    for config in (None, G.Config(16, 64, 2), G.Config(8, 32, 4)):
+        d, f, qkv_out, vocab = 96, 160, 144, 200
+        x, r, attn = torch.randn(rows, d), torch.randn(rows, d), torch.randn(rows, d)
+        norm = 1 + 0.1 * torch.randn(d)
+        w = {name: 0.1 * torch.randn(shape) for name, shape in
+             dict(qkv=(qkv_out, d), o=(d, d), up=(2 * f, d), down=(d, f), head=(vocab, d)).items()}
+        b = {name: torch.randn(w[name].shape[0]) if bias else None for name in w}
+        total = torch.empty_like(x)
+        got = G.gemv(x, w['qkv'], b['qkv'], norm=norm, residual=r, sum_out=total, eps=1e-5, config=config)
+        ref_x, ref = L.attention_input(x, r, norm, None, w['qkv'], b['qkv'], 1e-5)
+        assert torch.equal(total, ref_x) and close(got, ref), (rows, config)
+        got_x = G.gemv(attn, w['o'], b['o'], add=x, config=config)
+        h = G.gemv(got_x, w['up'], b['up'], norm=norm, eps=1e-5, gated=True, config=config)
+        got = G.gemv(h, w['down'], b['down'], config=config)
+        ref_x, ref = L.mlp_block(x, attn, w['o'], b['o'], norm, None, w['up'], b['up'], w['down'],
+                                 b['down'], 1e-5, True)
+        assert close(got_x, ref_x) and close(got, ref), (rows, config)
+        got = G.gemv(x, w['head'], norm=norm, residual=r, sum_out=torch.empty_like(x), eps=1e-5,
+                     out_dtype=torch.float32, config=config)
+        assert close(got, L.final_logits(x, r, norm, None, w['head'], 1e-5)), (rows, config)
+got_x, got = G.mlp_block(x, attn, w['o'], None, norm, None, w['up'], None, w['down'], None, 1e-5, True)
+ref_x, ref = L.mlp_block(x, attn, w['o'], None, norm, None, w['up'], None, w['down'], None, 1e-5, True)
+assert close(got_x, ref_x) and close(got, ref)
+print('ok')
+"""
+    run_interpreted(code)
+
+
+@needs_triton
+@pytest.mark.parametrize("name", ["llama-gqa-untied", "qwen2-bias"])
+def test_runner_decodes_through_the_fused_products_as_through_torch(name, oracle_model):
+    """Prefill, then batch-1 decode steps: with the fused products swapped in (the runner takes
+    decode_products="triton" only on CUDA), the same float32 logits as the torch path; a batch
+    of two rows stays on the torch path."""
+    folder, _ = oracle_model(name)
+    a, b = [0, 1, 2, 3], [4, 5, 6, 7]
+    steps = [[([5, 9, 2, 11, 3, 8], 0, a, False), ([4, 4, 1], 0, b, False)]]
+    steps += [[([7 + i], 6 + i, a, False)] for i in range(3)]
+    steps += [[([30], 9, a, False), ([31], 3, b, False)]]
+    code = (
+        "import numpy as np\nimport tinyinfer\n"
+        "from tinyinfer.runners.runner import make_batch\n"
+        "from tinyinfer.runners import torch_triton_gemv as G\n"
+        f"runners = [tinyinfer.load({str(folder)!r}, runner='torch', device='cpu').runner for _ in range(2)]\n"
+        "runners[1]._fused_fns = (G.attention_input, G.mlp_block, G.final_logits)\n"
+        "caches = [r.new_kv_cache(32, 4) for r in runners]\n"
+        f"for entries in {steps!r}:\n"
+        "    ref, got = (r.forward(make_batch(entries, 4), kv) for r, kv in zip(runners, caches))\n"
+        "    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max(), np.abs(got - ref).max()\n"
+        "print('ok')\n"
+    )
+    run_interpreted(code)
+
+
+def test_decode_products_option_is_checked_and_described(oracle_model):
+    folder, _ = oracle_model("llama-gqa-untied")
+    model = tinyinfer.load(folder, runner="torch", device="cpu")
+    assert model.runner.describe()["decode_products"] == "torch"  # "auto" on CPU
+    with pytest.raises(TinyInferError, match="decode_products='torch'"):
+        tinyinfer.load(folder, runner="torch", device="cpu", decode_products="triton")
+    with pytest.raises(TinyInferError, match="decode_products must be one of"):
+        tinyinfer.load(folder, runner="torch", device="cpu", decode_products="cublas")

@@ -1,0 +1,287 @@
+"""Triton matrix-vector products for batch-1 decoding, with each layer's glue fused in (GPU only).
+
+Imported only where Triton is installed. At batch 1 a decode step is a chain of small kernels,
+and a matrix of a 1B-parameter model (8-67 MB) is read in a few microseconds, so each kernel's
+launch, ramp-up and tail cost as much as a third of its time. These kernels cut the chain to
+four products per layer, each doing the work of the small kernels around it:
+
+* ``attention_input``: the residual add and RMSNorm as the q|k|v product's prologue (every
+  program recomputes the row's norm: a 2048-4096-vector, cheap next to its share of weights);
+* ``mlp_block``: the o product adds its output to the residual stream (epilogue); gate|up
+  normalises in its prologue and writes silu(gate) * up (each program reads the gate rows and
+  the up rows of the same outputs); the down product is plain;
+* ``final_logits``: the last residual add and norm before the LM head, float32 logits out.
+
+Same contracts and same roundings as ``torch_layers``' functions of those names (sums and
+norms in float32, each product's output rounded to the compute dtype before it is used), so
+the runner swaps one set for the other.
+
+On cards with programmatic dependent launch (compute capability 9.0+) every kernel here, and the
+decode attention kernels between them, are launched so that a kernel's programs start as the
+previous kernel's finish: a product loads its first tile of weights, which no earlier kernel writes,
+before it waits for the previous kernel's results (``gdc_wait``), so the launch gap and the
+ramp-up of the weight stream overlap the previous kernel's tail.
+
+A product with long rows (the down product) splits its inputs across programs (split K); the
+last program of a tile to finish (counted with an atomic) adds the float32 partials in a fixed
+order and applies the epilogue.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tinyinfer.runners.torch_triton import uses_pdl
+
+MAX_TILES = 4096  # output tiles a split-K launch may count (the size of its counter buffer)
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter runs the kernels
+
+
+class Config(NamedTuple):
+    """Tile sizes and launch options of one product."""
+
+    block_n: int  # outputs per program
+    block_k: int  # inputs per loop step
+    split_k: int = 1  # programs sharing one tile's inputs
+    num_warps: int = 4
+
+
+@triton.jit
+def _trip_count(steps, INTERPRETED_STEPS: tl.constexpr):
+    """A loop's trip count: run-time ``steps`` on the GPU; the interpreter takes only a constant."""
+    if INTERPRETED_STEPS > 0:
+        return INTERPRETED_STEPS
+    return steps
+
+
+@triton.jit
+def _load(pointers, mask, EVEN: tl.constexpr):
+    """Load, masked unless EVEN (every tile whole)."""
+    if EVEN:
+        return tl.load(pointers)
+    return tl.load(pointers, mask=mask, other=0)
+
+
+@triton.jit
+def _finish(gate, up, n, n_ok, m, N, bias_ptr, add_ptr, out_ptr, dtype,
+            HAS_BIAS: tl.constexpr, GATED: tl.constexpr, ADD_OUT: tl.constexpr):
+    """The epilogue of outputs n of row m: bias, rounding to the compute dtype, silu(gate) * up,
+    the residual add; stored in the output's dtype."""
+    if HAS_BIAS:
+        gate += tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+        if GATED:
+            up += tl.load(bias_ptr + N + n, mask=n_ok, other=0.0).to(tl.float32)
+    y = gate.to(dtype).to(tl.float32)
+    if GATED:
+        u = up.to(dtype).to(tl.float32)
+        y = (y * tl.sigmoid(y) * u).to(dtype).to(tl.float32)
+    if ADD_OUT:
+        y = (y + tl.load(add_ptr + m * N + n, mask=n_ok, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+    tl.store(out_ptr + m * N + n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, res_ptr, sum_ptr, norm_ptr, w_ptr, bias_ptr, add_ptr, out_ptr, partial_ptr, counters_ptr,
+    N, K, steps, eps,
+    NORM: tl.constexpr, ADD_RES: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+    ADD_OUT: tl.constexpr, K_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, INTERPRETED_STEPS: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr,
+):
+    """out[m, n] = epilogue(sum_k W[n, k] prologue(x[m])[k]). Programs: (N tiles, splits, rows).
+
+    Prologue (NORM): x + res rounded (ADD_RES; the first program writes it to sum_ptr), then
+    RMSNorm with weights norm_ptr, rounded. GATED: W has 2N rows, gate rows then up rows."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    m = tl.program_id(2)
+    dtype = w_ptr.dtype.element_ty
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    kk = tl.arange(0, BLOCK_K)
+    first = pid_k * steps * BLOCK_K  # this program's inputs: first .. first + steps * BLOCK_K
+    rows = w_ptr + n[:, None] * K  # [BN, 1]
+    up_rows = rows + N * K
+    # The first tile of weights, which no earlier kernel writes, before waiting for that kernel.
+    k = first + kk
+    w_ok = n_ok[:, None] & (k < K)[None, :]
+    w = _load(rows + k[None, :], w_ok, EVEN)
+    u = w
+    if GATED:
+        u = _load(up_rows + k[None, :], w_ok, EVEN)
+    if PDL:
+        gdc_wait()
+    x_row = x_ptr + m * K
+    rstd = 0.0
+    if NORM:
+        full = tl.arange(0, K_P)
+        xf = tl.load(x_row + full, mask=full < K, other=0.0).to(tl.float32)
+        if ADD_RES:
+            xf = (xf + tl.load(res_ptr + m * K + full, mask=full < K, other=0.0).to(tl.float32))
+            xf = xf.to(dtype).to(tl.float32)
+            writer = (pid_n == 0) & (pid_k == 0)
+            tl.store(sum_ptr + m * K + full, xf.to(dtype), mask=(full < K) & writer)
+        rstd = tl.rsqrt(tl.sum(xf * xf, 0) / K + eps)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for step in range(0, _trip_count(steps, INTERPRETED_STEPS)):
+        k = first + step * BLOCK_K + kk
+        k_ok = k < K
+        # the next step's weights, in flight while this step computes (the last step reads its
+        # own tile again rather than test a mask)
+        ahead = k + BLOCK_K * (step + 1 < steps).to(tl.int32)
+        ahead_ok = n_ok[:, None] & (ahead < K)[None, :]
+        w_next = _load(rows + ahead[None, :], ahead_ok, EVEN)
+        u_next = w_next
+        if GATED:
+            u_next = _load(up_rows + ahead[None, :], ahead_ok, EVEN)
+        xk = _load(x_row + k, k_ok, EVEN).to(tl.float32)
+        if NORM:
+            if ADD_RES:
+                xk = (xk + _load(res_ptr + m * K + k, k_ok, EVEN).to(tl.float32)).to(dtype).to(tl.float32)
+            xk = xk * rstd * _load(norm_ptr + k, k_ok, EVEN).to(tl.float32)
+            xk = xk.to(dtype).to(tl.float32)
+        acc += w.to(tl.float32) * xk[None, :]
+        if GATED:
+            acc_u += u.to(tl.float32) * xk[None, :]
+        w = w_next
+        u = u_next
+    if PDL:  # the next kernel may launch now: its first tile of weights loads under this tail
+        gdc_launch_dependents()
+    gate = tl.sum(acc, 1)
+    up = gate
+    if GATED:
+        up = tl.sum(acc_u, 1)
+    if SPLIT_K == 1:
+        _finish(gate, up, n, n_ok, m, N, bias_ptr, add_ptr, out_ptr, dtype, HAS_BIAS, GATED, ADD_OUT)
+    else:
+        # Partials [SPLIT_K, M, (2) N] in float32; the tile's last program adds them in order.
+        rows_m = tl.num_programs(2)
+        width = 2 * N if GATED else N
+        part = partial_ptr + (pid_k * rows_m + m) * width + n
+        tl.store(part, gate, mask=n_ok)
+        if GATED:
+            tl.store(part + N, up, mask=n_ok)
+        tl.debug_barrier()  # every thread's partial is issued before the count goes up
+        tile = m * tl.num_programs(0) + pid_n
+        done = tl.atomic_add(counters_ptr + tile, 1)  # acquire-release, GPU scope
+        if done == SPLIT_K - 1:
+            gate = tl.zeros([BLOCK_N], tl.float32)
+            up = tl.zeros([BLOCK_N], tl.float32)
+            for s in range(SPLIT_K):
+                at = partial_ptr + (s * rows_m + m) * width + n
+                gate += tl.load(at, mask=n_ok, other=0.0, cache_modifier=".cg")
+                if GATED:
+                    up += tl.load(at + N, mask=n_ok, other=0.0, cache_modifier=".cg")
+            _finish(gate, up, n, n_ok, m, N, bias_ptr, add_ptr, out_ptr, dtype, HAS_BIAS, GATED,
+                    ADD_OUT)
+            tl.atomic_xchg(counters_ptr + tile, 0)  # ready for the next launch
+
+
+_counters: dict[torch.device, Tensor] = {}
+
+
+def _counter_buffer(device: torch.device) -> Tensor:
+    """Zeroed tile counters, one buffer per device; every split-K launch leaves them zero."""
+    if device not in _counters:
+        _counters[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+    return _counters[device]
+
+
+def pick_config(n: int, k: int, gated: bool) -> Config:
+    """Tiles measured fastest on an H100 at batch 1 at the 1B and 8B shapes (docs/fast-path.md):
+    8 outputs per program; 512 inputs per loop step, or 128 with 8 warps for gated products
+    (which read two rows per output); the inputs split in two past 4096 of them (the down
+    products). Smaller tiles and deeper splits, for more programs, ran slower at these sizes."""
+    if gated:
+        return Config(8, 128, 1, num_warps=8)
+    return Config(8, 512, split_k=2 if k > 4096 else 1)
+
+
+def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm: Tensor | None = None,
+         residual: Tensor | None = None, sum_out: Tensor | None = None, eps: float = 0.0,
+         gated: bool = False, add: Tensor | None = None, out_dtype: torch.dtype | None = None,
+         config: Config | None = None) -> Tensor:
+    """One product with its prologue and epilogue.  x: [M, K], weight: [N, K] ([2N, K] when
+    gated: gate rows, then up rows), bias: [N] ([2N]) -> [M, N] in out_dtype (x's by default).
+
+    norm [K]: x is RMS-normalised (eps) with these weights first, after adding ``residual``
+    [M, K], whose rounded sum with x is written to ``sum_out`` [M, K]. gated: silu(gate) * up.
+    add [M, N]: added to the output (a residual add). ``config`` overrides the tile choice."""
+    m, k = x.shape
+    n = weight.shape[0] // 2 if gated else weight.shape[0]
+    if config is None:
+        config = pick_config(n, k, gated)
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    grid = (triton.cdiv(n, config.block_n), config.split_k, m)
+    if config.split_k > 1:
+        if grid[0] * grid[2] > MAX_TILES:
+            raise ValueError(f"split K counts at most {MAX_TILES} output tiles, this product has "
+                             f"{grid[0] * grid[2]}")
+        partial = torch.empty((config.split_k, m, 2 * n if gated else n), dtype=torch.float32,
+                              device=x.device)
+        counters = _counter_buffer(x.device)
+    else:
+        partial = counters = out  # unused
+    if residual is not None and sum_out is None:
+        raise ValueError("a residual added in the prologue needs sum_out for the sum")
+    blocks = triton.cdiv(k, config.block_k)
+    steps = triton.cdiv(blocks, config.split_k)
+    pdl = uses_pdl(x.device)
+    unused = out
+    _gemv_kernel[grid](
+        x, unused if residual is None else residual, unused if sum_out is None else sum_out,
+        unused if norm is None else norm, weight, unused if bias is None else bias,
+        unused if add is None else add, out, partial, counters, n, k, steps, eps,
+        NORM=norm is not None, ADD_RES=residual is not None, HAS_BIAS=bias is not None,
+        GATED=gated, ADD_OUT=add is not None, K_P=triton.next_power_of_2(k),
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
+        INTERPRETED_STEPS=steps if _INTERPRETED else 0,
+        EVEN=n % config.block_n == 0 and k % config.block_k == 0 and blocks % config.split_k == 0,
+        PDL=pdl, num_warps=config.num_warps, launch_pdl=pdl,
+    )
+    return out
+
+
+# The layer functions: torch_layers' contracts, for RMSNorm models with a gated MLP
+# (``applies``). Biases are taken where they exist (q|k|v of Qwen2).
+
+
+def applies(gated: bool, norm_biases: list[Tensor | None], weights: list[object]) -> bool:
+    """Whether a model can run these kernels: a gated MLP, RMSNorm (no norm biases), and every
+    product's weight a plain tensor (not quantized) in float16 or bfloat16 on a CUDA device."""
+    return (gated and all(b is None for b in norm_biases)
+            and all(isinstance(w, Tensor) and w.device.type == "cuda"
+                    and w.dtype in (torch.float16, torch.bfloat16) for w in weights))
+
+
+def attention_input(x: Tensor, residual: Tensor, norm_w: Tensor, norm_b: Tensor | None,
+                    qkv_w: Tensor, qkv_b: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
+    """``torch_layers.attention_input`` in one kernel: x + residual, RMSNorm, q|k|v product."""
+    total = torch.empty_like(x)
+    qkv = gemv(x, qkv_w, qkv_b, norm=norm_w, residual=residual, sum_out=total, eps=eps)
+    return total, qkv
+
+
+def mlp_block(x: Tensor, attn: Tensor, o_w: Tensor, o_b: Tensor | None, norm_w: Tensor,
+              norm_b: Tensor | None, in_w: Tensor, in_b: Tensor | None, out_w: Tensor,
+              out_b: Tensor | None, eps: float, gated: bool) -> tuple[Tensor, Tensor]:
+    """``torch_layers.mlp_block`` (gated) in three kernels: o product + residual add; RMSNorm,
+    gate|up product, silu(gate) * up; down product."""
+    x = gemv(attn, o_w, o_b, add=x)
+    h = gemv(x, in_w, in_b, norm=norm_w, eps=eps, gated=True)
+    return x, gemv(h, out_w, out_b)
+
+
+def final_logits(x: Tensor, residual: Tensor, norm_w: Tensor, norm_b: Tensor | None,
+                 head: Tensor, eps: float) -> Tensor:
+    """``torch_layers.final_logits`` in one kernel: last residual add, RMSNorm, LM head, float32."""
+    return gemv(x, head, norm=norm_w, residual=residual, sum_out=torch.empty_like(x), eps=eps,
+                out_dtype=torch.float32)

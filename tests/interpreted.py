@@ -7,7 +7,7 @@ subprocess's stderr.
 
 Triton 3.6's interpreter turns a loaded scalar into a loop bound with int() on its 1-element
 array, which NumPy 2.4 refuses (triton-lang/triton#9171, fixed after 3.6); RANGE_FIX gives it
-the upstream fix first, so a kernel's ``tl.range`` may run up to a loaded position, as on a GPU.
+the upstream fix first (on Triton 3.6 and older only), so a kernel's ``tl.range`` may run up to a loaded position, as on a GPU.
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RANGE_FIX = """
+import triton
 import triton.runtime.interpreter as _interpreter
-_patch_tensor = _interpreter._patch_lang_tensor
-def _range_fix(tensor, scope):
-    _patch_tensor(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
-_interpreter._patch_lang_tensor = _range_fix
+if tuple(int(p) for p in triton.__version__.split(".")[:2]) <= (3, 6):  # fixed upstream after 3.6
+    _patch_tensor = _interpreter._patch_lang_tensor
+    def _range_fix(tensor, scope):
+        _patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+    _interpreter._patch_lang_tensor = _range_fix
 """
 
 

@@ -91,3 +91,19 @@ def test_decode_products_option_is_checked_and_described(oracle_model):
         tinyinfer.load(folder, runner="torch", device="cpu", decode_products="triton")
     with pytest.raises(TinyInferError, match="decode_products must be one of"):
         tinyinfer.load(folder, runner="torch", device="cpu", decode_products="cublas")
+
+
+@needs_triton
+def test_split_k_only_where_every_output_tile_has_a_counter():
+    """Past 4096 inputs the products split K in two, unless their output tiles outnumber the
+    split's counters: a 5120-wide model's LM head (Qwen2.5-14B: 152064 rows) runs unsplit
+    instead of failing its first decode step."""
+    from tinyinfer.runners import torch_triton_gemv as G
+    from tinyinfer.runners.triton_common import MAX_TILES, split_counters
+
+    assert G.pick_config(4096, 14336, False).split_k == 2  # an 8B down product
+    assert G.pick_config(128256, 4096, False).split_k == 1  # the 8B head: 4096 inputs
+    assert G.pick_config(152064, 5120, False).split_k == 1
+    assert G.pick_config(5120, 13824, False).split_k == 2
+    with pytest.raises(ValueError, match=f"at most {MAX_TILES} output tiles"):
+        split_counters(MAX_TILES + 1, __import__("torch").device("cpu"))

@@ -323,6 +323,9 @@ def test_unsupported_options_are_refused():
     with pytest.raises(TinyInferError, match="shards take decode_products='torch'"):
         ShardRunner(config, load_weights(BUNDLED["bundled"], config), 0, 1, device="cpu",
                     decode_products="triton")
+    with pytest.raises(TinyInferError, match="decode_products must be one of"):
+        ShardRunner(config, load_weights(BUNDLED["bundled"], config), 0, 1, device="cpu",
+                    decode_products="cublas")
 
 
 def test_random_shapes_hold_one_shard_per_rank():

@@ -31,7 +31,8 @@ def line_text(parts: tuple[StatusPart, ...]) -> str:
 
 
 def fit(parts: tuple[StatusPart, ...], width: int) -> tuple[StatusPart, ...]:
-    """Drop the lowest-ranked parts until the line fits `width` cells (the last part always stays)."""
+    """Drop the lowest-ranked parts until the line fits `width` cells (the highest-ranked part
+    always stays)."""
     kept = list(parts)
     while len(kept) > 1 and cell_len(line_text(tuple(kept))) > width:
         kept.remove(min(kept, key=lambda p: p.rank))

@@ -215,8 +215,10 @@ class TorchRunner:
         return "triton" if usable else "torch"
 
     def _fusable(self) -> bool:
-        from tinyinfer.runners import torch_triton_gemv
-
+        try:
+            from tinyinfer.runners import torch_triton_gemv
+        except ImportError:  # a Triton too old for the kernels (no programmatic dependent launch)
+            return False
         w = self.w
         norms = [w.final_norm[1]] + [n[1] for layer in w.layers for n in (layer.attn_norm, layer.mlp_norm)]
         products = [w.head] + [p[0] for layer in w.layers
@@ -474,8 +476,8 @@ class TorchRunner:
 
     def _announce_compile(self) -> None:
         self._announced_compile = True
-        print("tinyinfer: torch.compile is compiling the decode step (first decode; "
-              "batches of 2+ compile once more)", file=sys.stderr, flush=True)
+        print("tinyinfer: compiling the decode step's kernels (first decode; "
+              "other batch sizes compile once more)", file=sys.stderr, flush=True)
 
 
 def _uniform_tokens_per_seq(batch: Batch) -> int | None:
@@ -484,11 +486,6 @@ def _uniform_tokens_per_seq(batch: Batch) -> int | None:
     if rest or not 1 <= q <= MAX_DECODE_TOKENS:
         return None
     return q if np.array_equal(batch.query_starts, np.arange(batch.num_seqs + 1) * q) else None
-
-
-def device_top(logits: Tensor, k: int) -> TopLogits:
-    """The top k ids and values of each row of logits [R, V], and its log-sum-exp, on the host."""
-    return top_future(logits, k).result()
 
 
 def argmax_rows(argmax: Tensor, rows: np.ndarray) -> Tensor:
@@ -518,7 +515,8 @@ def reduce_top(logits: Tensor, k: int, reduce: Callable[[Tensor], tuple[Tensor, 
 
 def top_future(logits: Tensor, k: int, start: Any = None,
                reduce: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None) -> TopFuture:
-    """device_top queued behind the step: on CUDA the ids, values and log-sum-exp are copied to
+    """The top k ids and values of each row of logits [R, V], and its log-sum-exp, for the host,
+    queued behind the step: on CUDA they are copied to
     pinned host memory without waiting, and an event marks when they have landed (``start``, an
     event recorded before the step, times the step on the device). ``reduce`` as reduce_top's."""
     argmax, parts = reduce_top(logits, k, reduce)

@@ -33,7 +33,6 @@ to ``tinyinfer.quant.dequantize``.
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -43,10 +42,16 @@ from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tinyinfer.runners.quant_words import CODE_MASK, PER_WORD
+from tinyinfer.runners.triton_common import (
+    INTERPRETED,
+    load,
+    split_counters,
+    split_fits,
+    trip_count,
+)
 
 ELEMENTWISE_ROWS = {4: 2, 8: 1}  # up to this many rows of x: the elementwise program (a row each)
 MAX_ROWS_PER_TILE = 64  # rows of activations one program multiplies (more rows: more programs)
-MAX_TILES = 4096  # output tiles a split-K launch may count (the size of its counter buffer)
 
 
 class Config(NamedTuple):
@@ -85,24 +90,6 @@ def decode_words(words, code_mask, J: tl.constexpr, BITS: tl.constexpr):
             shifted = words >> (8 * J - 15)
         bits = (shifted & code_mask) ^ 0x43C00000
     return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _trip_count(steps, INTERPRETED_STEPS: tl.constexpr):
-    """A loop's trip count: the run-time ``steps`` on the GPU (one compiled kernel serves every
-    width); Triton's CPU interpreter, which the tests use, takes only a constant bound, so there
-    the launcher passes it as INTERPRETED_STEPS too."""
-    if INTERPRETED_STEPS > 0:
-        return INTERPRETED_STEPS
-    return steps
-
-
-@triton.jit
-def _load(pointers, mask, EVEN: tl.constexpr):
-    """Load, masked unless EVEN (every tile whole: no mask to test, no zeros to fill)."""
-    if EVEN:
-        return tl.load(pointers)
-    return tl.load(pointers, mask=mask, other=0)
 
 
 @triton.jit
@@ -148,7 +135,7 @@ def _quant_matmul_kernel(
     # The loop carries no loaded value from one step to the next, so Triton's pipeliner can issue
     # the loads of STAGES - 1 steps ahead into shared memory (the num_stages of tl.range is what
     # makes it stage loads that feed no tl.dot).
-    for step in tl.range(0, _trip_count(steps, INTERPRETED_STEPS), num_stages=STAGES):
+    for step in tl.range(0, trip_count(steps, INTERPRETED_STEPS), num_stages=STAGES):
         block = first + step
         kw = block * BLOCK_WORDS + g[:, None] * SPAN_WORDS + w[None, :]  # [G, W] word columns
         k_ok = kw < row_words
@@ -156,17 +143,17 @@ def _quant_matmul_kernel(
             words = tl.reshape(words_ptr.load([pid_n * BLOCK_N, block * BLOCK_WORDS]),
                                [BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS])
         else:
-            words = _load(row_at + kw[None, :, :], n_ok[:, None, None] & k_ok[None, :, :], EVEN)
+            words = load(row_at + kw[None, :, :], n_ok[:, None, None] & k_ok[None, :, :], EVEN)
         if GROUP > 0:
             group = block * BLOCK_K // GROUP + g  # [G]
         else:
             group = g  # [1], 0
         sg_at = n[:, None] * num_groups + group[None, :]  # [BN, G]
         sg_ok = n_ok[:, None] & (group < num_groups)[None, :]
-        scale = _load(scales_ptr + sg_at, sg_ok, EVEN).to(tl.float32)
+        scale = load(scales_ptr + sg_at, sg_ok, EVEN).to(tl.float32)
         shift = -(BASE + ZERO) * scale  # folds BASE and the zero point into the offset
         if HAS_OFFSETS:
-            shift += _load(offsets_ptr + sg_at, sg_ok, EVEN).to(tl.float32)
+            shift += load(offsets_ptr + sg_at, sg_ok, EVEN).to(tl.float32)
         if DOT:
             # weight = (BASE + code) * scale + shift, rounded to x's dtype, through the matrix units
             for j in tl.static_range(PER):
@@ -183,11 +170,11 @@ def _quant_matmul_kernel(
             # per word: (BASE + code) * x summed over its codes, then scale * that + shift *
             # (its inputs' sum): a shift, a logic operation and a multiply-add per weight
             row = x_ptr + pid_m * K + kw  # [G, W]
-            part = decode_words(words, code_mask, 0, BITS) * _load(row, k_ok, EVEN)[None, :, :]
+            part = decode_words(words, code_mask, 0, BITS) * load(row, k_ok, EVEN)[None, :, :]
             for j in tl.static_range(1, PER):
-                xj = _load(row + j * row_words, k_ok, EVEN)  # [G, W]
+                xj = load(row + j * row_words, k_ok, EVEN)  # [G, W]
                 part += decode_words(words, code_mask, j, BITS) * xj[None, :, :]
-            xw = _load(xsum_ptr + pid_m * row_words + kw, k_ok, EVEN)  # [G, W]
+            xw = load(xsum_ptr + pid_m * row_words + kw, k_ok, EVEN)  # [G, W]
             acc += part * scale[:, :, None] + shift[:, :, None] * xw[None, :, :]
     if DOT:
         out_at = m[None, :] * N + n[:, None]  # [BN, BM]
@@ -211,17 +198,6 @@ def _quant_matmul_kernel(
                                  cache_modifier=".cg")
             tl.store(out_ptr + out_at, total.to(out_ptr.dtype.element_ty), mask=out_ok)
             tl.atomic_xchg(counters_ptr + tile_id, 0)  # ready for the next launch
-
-
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter runs the kernels
-_counters: dict[torch.device, Tensor] = {}
-
-
-def _counter_buffer(device: torch.device) -> Tensor:
-    """Zeroed tile counters, one buffer per device; every split-K launch leaves them zero."""
-    if device not in _counters:
-        _counters[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
-    return _counters[device]
 
 
 def pick_config(m: int, n: int, k: int, bits: int, processors: int, tma: bool = False) -> Config:
@@ -250,7 +226,7 @@ def with_split(config: Config, m: int, n: int, k: int, processors: int,
     blocks = triton.cdiv(k, config.block_k)
     split = 1
     while tiles * split < programs_per_processor * processors and split * 2 <= blocks // 2 \
-            and tiles <= MAX_TILES:
+            and split_fits(tiles):
         split *= 2
     return config._replace(split_k=split)
 
@@ -297,11 +273,8 @@ def quant_matmul(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offset
     block_m = rows_per_tile(m, config)
     grid = (triton.cdiv(n, config.block_n), config.split_k, triton.cdiv(m, block_m))
     if config.split_k > 1:
-        if grid[0] * grid[2] > MAX_TILES:
-            raise ValueError(f"split K counts at most {MAX_TILES} output tiles, this product has "
-                             f"{grid[0] * grid[2]}")
         partial = torch.empty((config.split_k, m, n), dtype=torch.float32, device=xg.device)
-        counters = _counter_buffer(xg.device)
+        counters = split_counters(grid[0] * grid[2], xg.device)
     else:
         partial = counters = out  # unused
     # Inputs of one group inside a loop step; a row that is one group (per-row int8) is one
@@ -314,7 +287,7 @@ def quant_matmul(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offset
     _quant_matmul_kernel[grid](
         xg.contiguous(), xsum.contiguous(), words, scales, scales if offsets is None else offsets, out,
         partial, counters, m, n, k, steps, CODE_MASK[bits], ROW_WORDS=k // PER_WORD[bits],
-        INTERPRETED_STEPS=steps if _INTERPRETED else 0, BITS=bits,
+        INTERPRETED_STEPS=steps if INTERPRETED else 0, BITS=bits,
         GROUP=0 if group_size == k else group_size, ZERO=zero, HAS_OFFSETS=offsets is not None,
         SPAN_WORDS=span // PER_WORD[bits], GROUPS_PER_BLOCK=config.block_k // span,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,

@@ -38,13 +38,13 @@ codes × scale, without a dequantized tile.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tinyinfer.runners.triton_common import INTERPRETED
 
 KEY_TILE_ELEMENTS = 4096  # keys x half head dim loaded per step, per K/V half (twice that in int8)
 MAX_SPLITS = 16
@@ -55,7 +55,6 @@ INT8_PIPELINE_STAGES = 5
 # 1.5 * 2**23: (x + ROUNDING) - ROUNDING rounds a float32 |x| < 2**22 to an integer, half to even
 # (as NumPy and torch round), in the interpreter too, which has no libdevice rint.
 ROUNDING = tl.constexpr(12582912.0)
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter runs the kernels
 _pdl: dict[torch.device, bool] = {}
 
 
@@ -67,7 +66,7 @@ def uses_pdl(device: torch.device) -> bool:
     it launch early, the attention kernel's waiting programs slowed the step (1B shape, H100:
     1.37 against 1.32 ms)."""
     if device not in _pdl:
-        _pdl[device] = (not _INTERPRETED and device.type == "cuda"
+        _pdl[device] = (not INTERPRETED and device.type == "cuda"
                         and torch.cuda.get_device_capability(device) >= (9, 0))
     return _pdl[device]
 

@@ -12,9 +12,10 @@ four products per layer, each doing the work of the small kernels around it:
   the up rows of the same outputs); the down product is plain;
 * ``final_logits``: the last residual add and norm before the LM head, float32 logits out.
 
-Same contracts and same roundings as ``torch_layers``' functions of those names (sums and
-norms in float32, each product's output rounded to the compute dtype before it is used), so
-the runner swaps one set for the other.
+Same contracts as ``torch_layers``' functions of those names, and the roundings they get
+compiled (sums and norms in float32, each product's output rounded to the compute dtype before
+it is used; silu(gate) * up rounded once, as inductor fuses it, where eager torch rounds
+silu(gate) first), so the runner swaps one set for the other.
 
 On cards with programmatic dependent launch (compute capability 9.0+) every kernel here, and the
 decode attention kernels between them, are launched so that a kernel's programs start as the
@@ -29,7 +30,6 @@ order and applies the epilogue.
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -39,9 +39,13 @@ from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tinyinfer.runners.torch_triton import uses_pdl
-
-MAX_TILES = 4096  # output tiles a split-K launch may count (the size of its counter buffer)
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter runs the kernels
+from tinyinfer.runners.triton_common import (
+    INTERPRETED,
+    load,
+    split_counters,
+    split_fits,
+    trip_count,
+)
 
 
 class Config(NamedTuple):
@@ -51,22 +55,6 @@ class Config(NamedTuple):
     block_k: int  # inputs per loop step
     split_k: int = 1  # programs sharing one tile's inputs
     num_warps: int = 4
-
-
-@triton.jit
-def _trip_count(steps, INTERPRETED_STEPS: tl.constexpr):
-    """A loop's trip count: run-time ``steps`` on the GPU; the interpreter takes only a constant."""
-    if INTERPRETED_STEPS > 0:
-        return INTERPRETED_STEPS
-    return steps
-
-
-@triton.jit
-def _load(pointers, mask, EVEN: tl.constexpr):
-    """Load, masked unless EVEN (every tile whole)."""
-    if EVEN:
-        return tl.load(pointers)
-    return tl.load(pointers, mask=mask, other=0)
 
 
 @triton.jit
@@ -112,10 +100,10 @@ def _gemv_kernel(
     # The first tile of weights, which no earlier kernel writes, before waiting for that kernel.
     k = first + kk
     w_ok = n_ok[:, None] & (k < K)[None, :]
-    w = _load(rows + k[None, :], w_ok, EVEN)
+    w = load(rows + k[None, :], w_ok, EVEN)
     u = w
     if GATED:
-        u = _load(up_rows + k[None, :], w_ok, EVEN)
+        u = load(up_rows + k[None, :], w_ok, EVEN)
     if PDL:
         gdc_wait()
     x_row = x_ptr + m * K
@@ -131,22 +119,22 @@ def _gemv_kernel(
         rstd = tl.rsqrt(tl.sum(xf * xf, 0) / K + eps)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for step in range(0, _trip_count(steps, INTERPRETED_STEPS)):
+    for step in range(0, trip_count(steps, INTERPRETED_STEPS)):
         k = first + step * BLOCK_K + kk
         k_ok = k < K
         # the next step's weights, in flight while this step computes (the last step reads its
         # own tile again rather than test a mask)
         ahead = k + BLOCK_K * (step + 1 < steps).to(tl.int32)
         ahead_ok = n_ok[:, None] & (ahead < K)[None, :]
-        w_next = _load(rows + ahead[None, :], ahead_ok, EVEN)
+        w_next = load(rows + ahead[None, :], ahead_ok, EVEN)
         u_next = w_next
         if GATED:
-            u_next = _load(up_rows + ahead[None, :], ahead_ok, EVEN)
-        xk = _load(x_row + k, k_ok, EVEN).to(tl.float32)
+            u_next = load(up_rows + ahead[None, :], ahead_ok, EVEN)
+        xk = load(x_row + k, k_ok, EVEN).to(tl.float32)
         if NORM:
             if ADD_RES:
-                xk = (xk + _load(res_ptr + m * K + k, k_ok, EVEN).to(tl.float32)).to(dtype).to(tl.float32)
-            xk = xk * rstd * _load(norm_ptr + k, k_ok, EVEN).to(tl.float32)
+                xk = (xk + load(res_ptr + m * K + k, k_ok, EVEN).to(tl.float32)).to(dtype).to(tl.float32)
+            xk = xk * rstd * load(norm_ptr + k, k_ok, EVEN).to(tl.float32)
             xk = xk.to(dtype).to(tl.float32)
         acc += w.to(tl.float32) * xk[None, :]
         if GATED:
@@ -185,24 +173,14 @@ def _gemv_kernel(
             tl.atomic_xchg(counters_ptr + tile, 0)  # ready for the next launch
 
 
-_counters: dict[torch.device, Tensor] = {}
-
-
-def _counter_buffer(device: torch.device) -> Tensor:
-    """Zeroed tile counters, one buffer per device; every split-K launch leaves them zero."""
-    if device not in _counters:
-        _counters[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
-    return _counters[device]
-
-
 def pick_config(n: int, k: int, gated: bool) -> Config:
     """Tiles measured fastest on an H100 at batch 1 at the 1B and 8B shapes (docs/fast-path.md):
     8 outputs per program; 512 inputs per loop step, or 128 with 8 warps for gated products
     (which read two rows per output); the inputs split in two past 4096 of them (the down
-    products). Smaller tiles and deeper splits, for more programs, ran slower at these sizes."""
+    products), where the outputs leave counters for it (not a 5120-wide model's LM head). Smaller tiles and deeper splits, for more programs, ran slower at these sizes."""
     if gated:
         return Config(8, 128, 1, num_warps=8)
-    return Config(8, 512, split_k=2 if k > 4096 else 1)
+    return Config(8, 512, split_k=2 if k > 4096 and split_fits(triton.cdiv(n, 8)) else 1)
 
 
 def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm: Tensor | None = None,
@@ -222,12 +200,9 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm: Tensor 
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k, m)
     if config.split_k > 1:
-        if grid[0] * grid[2] > MAX_TILES:
-            raise ValueError(f"split K counts at most {MAX_TILES} output tiles, this product has "
-                             f"{grid[0] * grid[2]}")
         partial = torch.empty((config.split_k, m, 2 * n if gated else n), dtype=torch.float32,
                               device=x.device)
-        counters = _counter_buffer(x.device)
+        counters = split_counters(grid[0] * grid[2], x.device)
     else:
         partial = counters = out  # unused
     if residual is not None and sum_out is None:
@@ -243,7 +218,7 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm: Tensor 
         NORM=norm is not None, ADD_RES=residual is not None, HAS_BIAS=bias is not None,
         GATED=gated, ADD_OUT=add is not None, K_P=triton.next_power_of_2(k),
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
-        INTERPRETED_STEPS=steps if _INTERPRETED else 0,
+        INTERPRETED_STEPS=steps if INTERPRETED else 0,
         EVEN=n % config.block_n == 0 and k % config.block_k == 0 and blocks % config.split_k == 0,
         PDL=pdl, num_warps=config.num_warps, launch_pdl=pdl,
     )

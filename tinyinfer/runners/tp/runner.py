@@ -98,7 +98,8 @@ def serve_worker(shard: ShardRunner, conn: Connection) -> bool:
                 started = time.perf_counter()
                 tokens = None
                 if command.fed is not None:
-                    assert argmax is not None, "a fed step with no top-k step before it"
+                    if argmax is None:
+                        raise RuntimeError("a fed tensor-parallel step with no top-k step before it")
                     tokens = argmax_rows(argmax, command.fed)
                 if shard.captures_graph(command.batch, caches[command.kv_id]):
                     reporter.drain()  # no CUDA call from another thread while a graph is captured
@@ -312,7 +313,9 @@ class TensorParallelRunner:
 
     def _collect(self, launch: int, own: RankTiming) -> None:
         """Read every worker's timings up to step ``launch`` (earlier ones no one waited for
-        are dropped); ``last_timings`` = rank 0's and theirs of that step."""
+        are dropped); ``last_timings`` = rank 0's and theirs of that step. Futures are waited
+        for in launch order (the engine's overlap and the draft rounds do): one waited for after
+        a later one finds its workers' timings read and dropped, and reports rank 0's only."""
         workers: tuple[RankTiming, ...] = ()
         while self._owed and self._owed[0] <= launch:
             self._owed.popleft()

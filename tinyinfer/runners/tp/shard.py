@@ -326,10 +326,11 @@ class ShardRunner(TorchRunner):
                  compile: bool | None = None, presharded: bool = False,
                  time_collectives: bool = False, all_reduce: str = "nccl", **options: Any):
         shard = weights if presharded else shard_weights(config, weights, rank, world)
-        if options.get("decode_products", "auto") not in ("auto", "torch"):
+        if options.get("decode_products", "auto") == "triton":
             raise TinyInferError("decode_products='triton' (the fused batch-1 products) runs on one "
                                  "GPU: tensor-parallel shards take decode_products='torch'")
-        options["decode_products"] = "torch"  # a shard all-reduces between its layer functions
+        if options.get("decode_products", "auto") == "auto":  # a shard all-reduces between its layer functions
+            options["decode_products"] = "torch"
         super().__init__(shard_config(config, world), shard, device=device, dtype=dtype,
                          compile=compile, **options)
         self.full_config = config

@@ -227,6 +227,15 @@ SWEEP = {  # (block_n, block_k, num_warps, num_stages, dot) candidates per bits
 }
 
 
+def rotated_weights(shapes: dict, fmt: str, device: torch.device, gen: torch.Generator) -> dict[str, list]:
+    """Random weights of each kind's shape in ``fmt``, as many copies as keep L2 from serving
+    a product that cycles through them."""
+    bits = QuantConfig.parse(fmt).bits
+    return {kind: [random_kernel_weight(shape, fmt, device, gen)
+                   for _ in range(copies_for(shape[0] * shape[1] * bits // 8))]
+            for kind, shape in shapes.items()}
+
+
 def speed(device: torch.device, sweep: bool, budget_s: float, start: float) -> dict[str, Any]:
     qk = kernel_module()
     gen = torch.Generator(device=device).manual_seed(0)
@@ -234,9 +243,7 @@ def speed(device: torch.device, sweep: bool, budget_s: float, start: float) -> d
     for model, shapes in SHAPES.items():
         for fmt in ("int4-g128", "int8"):
             bits = QuantConfig.parse(fmt).bits
-            weights = {kind: [random_kernel_weight(shape, fmt, device, gen)
-                              for _ in range(copies_for(shape[0] * shape[1] * bits // 8))]
-                       for kind, shape in shapes.items()}
+            weights = rotated_weights(shapes, fmt, device, gen)
             for rows in ROWS:
                 key = f"{model} {fmt} rows={rows}"
                 entry = report.setdefault(key, {})
@@ -406,9 +413,7 @@ def candidates(device: torch.device, pool: Any, workers: int, budget_s: float, s
     for model, shapes in SHAPES.items():
         for fmt in ("int4-g128", "int8"):
             bits = QuantConfig.parse(fmt).bits
-            weights = {kind: [random_kernel_weight(shape, fmt, device, gen)
-                              for _ in range(copies_for(shape[0] * shape[1] * bits // 8))]
-                       for kind, shape in shapes.items()}
+            weights = rotated_weights(shapes, fmt, device, gen)
             for rows in CANDIDATE_ROWS[bits]:
                 if time.perf_counter() - start > budget_s:
                     log(f"skipped {model} {fmt} rows={rows}: past the budget")

@@ -120,6 +120,7 @@ def tinyinfer_cli(*argv: str) -> subprocess.CompletedProcess:
     (["generate", "hi", "--max-tokens", "0"], "--max-tokens must be at least 1 (got 0)"),
     (["simulate", "--weights", "int3"], "invalid choice int3"),
     (["simulate", "--model", "no-such-model"], "no-such-model"),
+    (["simulate", "--async-scheduling"], "--async-scheduling picks runs of a recording"),
     (["lesson", "run", "nope"], "there is no lesson nope;"),
     (["quantize", "--bits", "8", "-o", "out"], "quantize needs --model"),
     (["lesson", "start"], "the following arguments are required: lesson"),

@@ -519,6 +519,33 @@ def test_tp_calibration_takes_profiled_runs_whose_collectives_were_untimed(capsy
     assert "no message of 1 MiB or more was timed" in out and "--collective-overhead-us" in out
 
 
+RECORDED_TP_PAIR = Path(__file__).resolve().parents[1] / "docs/tp_scaling_2026-11-26-h100x2.json"
+
+
+def test_tp_calibration_reads_a_scaling_summary_and_either_scheduling(capsys):
+    """tp_scaling.sh's summary (each group's recording by group) reads as one recording; its
+    _async stages hold a step-by-step run and one with asynchronous scheduling, each fitted as
+    its own engine (the same model, kernels and collectives; the host's time differs)."""
+    from tinyinfer.simulate.calibrate_tp import calibrate_recorded
+
+    raw = json.loads(RECORDED_TP_PAIR.read_text())
+    tp2 = raw["8b_tp2_symm_mem_async_profile"]["8b_tp2_symm_mem_async_profile"]
+    tpot = {}
+    for asynchronous in (False, True):
+        cal = calibrate_recorded(RECORDED_TP_PAIR, asynchronous)
+        assert cal.recorded.device == "2 x NVIDIA H100 80GB HBM3"
+        assert [r.label for r in cal.recorded.runs] == ["llama-3-8b TP=1", "llama-3-8b TP=2"]
+        assert cal.recorded.runs[1].comm == tp2["profile"]["collective_kernel_ms_per_step"] / 1e3
+        tpot[asynchronous] = cal.recorded.runs[1].tpot
+        for c in cal.comparisons:
+            assert abs(c.error) < 0.05, c
+    assert tpot == {False: tp2["tpot_p50_ms"] / 1e3, True: tp2["async"]["tpot_p50_ms"] / 1e3}
+    out = run_cli(["--calibrate", str(RECORDED_TP_PAIR), "--async-scheduling"], capsys)
+    assert "asynchronous scheduling" in out and "--collective-overhead-us" in out
+    with pytest.raises(SimulationError, match="no runs made with asynchronous scheduling"):
+        calibrate_recorded(RECORDED_TP_PROFILED, asynchronous=True)
+
+
 @pytest.mark.parametrize("preset", ["llama-2-7b", "llama-3-8b", "gpt2"])
 def test_simulated_weight_memory_equals_the_quantizers_byte_count(preset):
     # The simulator estimates from parameter counts (config only); the weight-memory table

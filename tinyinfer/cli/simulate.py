@@ -100,6 +100,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="measure this device and the engine on it, fit efficiencies, compare; with a "
                         "JSON file of scripts/tp_gpu_check.py, fit the link and the engine's "
                         "tensor-parallel terms to those recorded runs instead (no device needed)")
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="with --calibrate RECORDED_JSON: fit the runs its _async stages made with "
+                        "asynchronous scheduling instead of the step-by-step ones")
     p.add_argument("--device", default=None, help="torch device for --calibrate (default: cuda if any)")
     add_threads_arg(p)
     return p
@@ -116,8 +119,11 @@ def run(args: argparse.Namespace) -> int:
             tensor_parallel_report,
         )
 
-        print(tensor_parallel_report(calibrate_recorded(args.calibrate)))
+        print(tensor_parallel_report(calibrate_recorded(args.calibrate, args.async_scheduling)))
         return 0
+    if args.async_scheduling:
+        raise SimulationError("--async-scheduling picks runs of a recording: give it with "
+                              "--calibrate RECORDED_JSON")
     if args.calibrate is not None:
         from tinyinfer.bench.measure import calibrate
         from tinyinfer.simulate.calibrate import calibration_report

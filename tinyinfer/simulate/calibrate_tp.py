@@ -87,6 +87,7 @@ class Recorded:
     date: str
     sweep: tuple[AllReduceTime, ...]
     runs: tuple[DecodeRun, ...]
+    asynchronous: bool = False  # the runs made with asynchronous scheduling (else step by step)
 
 
 @dataclass(frozen=True)
@@ -116,17 +117,20 @@ class TPCalibration:
     comparisons: tuple[TPComparison, ...]
 
 
-def load_recorded(path: str | Path) -> Recorded:
-    """The all-reduce sweeps and the CUDA-graph decode runs of a tp_gpu_check.py JSON file.
+def load_recorded(path: str | Path, asynchronous: bool = False) -> Recorded:
+    """The all-reduce sweeps and the CUDA-graph decode runs of a tp_gpu_check.py JSON file (or
+    of the summary scripts/tp_scaling.sh writes: each group's tp_gpu_check.py JSON by group).
 
     Runs that failed, ran without CUDA graphs, have no all-reduce time (collectives untimed and
     no profile), or are a variant stage (``llama3_8b_tp2_untimed``, ``..._no_mixing``: a
     different engine) are left out; runs of a model that also ran on one GPU are marked for
     fitting, the others held out. Without a sweep, the profiled runs' median all-reduce kernel
-    (one message of the model's hidden state) is the wire.
+    (one message of the model's hidden state) is the wire. ``asynchronous``: the runs that
+    ``_async`` stages made with asynchronous scheduling (a run's "async" record) instead of the
+    step-by-step ones, a different engine to fit.
     """
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = _merged_groups(json.loads(Path(path).read_text(encoding="utf-8")))
         # a sweep is a list of rows, or (since it also times symmetric-memory all-reduces)
         # {"sizes": rows, ...}
         sweep = tuple(AllReduceTime(int(key.removeprefix("all_reduce_tp")), int(row["bytes"]),
@@ -135,8 +139,10 @@ def load_recorded(path: str | Path) -> Recorded:
                       and isinstance(value, (list, dict))
                       for row in (value["sizes"] if isinstance(value, dict) else value))
         recorded = [(value, comm) for key, value in data.items()
-                    if (comm := _all_reduce_ms(key, value)) is not None]
-        runs = [_decode_run(value, comm) for value, comm in recorded]
+                    if (comm := _all_reduce_ms(key, value)) is not None
+                    and (not asynchronous or isinstance(value.get("async"), dict))]
+        runs = [_decode_run(value, value["async"] if asynchronous else value, comm)
+                for value, comm in recorded]
         if not sweep:
             sweep = tuple(AllReduceTime(run.gpus, run.model.config.hidden_size * 2,
                                         value["profile"]["median_all_reduce_us"] * 1e-6)
@@ -146,33 +152,49 @@ def load_recorded(path: str | Path) -> Recorded:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SimulationError(f"cannot read recorded tensor-parallel runs from {path} ({exc!r}): give the "
                               "JSON file scripts/tp_gpu_check.py writes") from None
+    if asynchronous and not runs:
+        raise SimulationError(f"{path} holds no runs made with asynchronous scheduling: record them with "
+                              "an _async stage of scripts/tp_gpu_check.py")
     on_one_gpu = {r.model.name for r in runs if r.gpus == 1}
     if not sweep or not on_one_gpu:
         raise SimulationError(f"{path} needs an all_reduce_tp* sweep and a decode run at TP=1: "
                               "record them with scripts/tp_gpu_check.py")
     runs = sorted((dataclasses.replace(r, fit=r.model.name in on_one_gpu) for r in runs),
                   key=lambda r: (not r.fit, r.model.name, r.gpus))
-    return Recorded(str(path), device, str(data.get("date", "undated")), sweep, tuple(runs))
+    return Recorded(str(path), device, str(data.get("date", "undated")), sweep, tuple(runs), asynchronous)
+
+
+def _merged_groups(data: dict) -> dict:
+    """A tp_gpu_check.py recording as it is, or tp_scaling.sh's summary (group -> recording)
+    as one recording: every group's stages, the header of the group with the most GPUs."""
+    if "gpus" in data or not data or not all(isinstance(v, dict) and "gpus" in v for v in data.values()):
+        return data
+    groups = sorted(data.values(), key=lambda group: group["gpus"])
+    return {key: value for group in groups for key, value in group.items()} | groups[-1]
 
 
 def _all_reduce_ms(key: str, value: object) -> float | None:
     """A default-engine decode run's all-reduce ms per step: its timed collectives, or (untimed)
-    its profile's collective kernel time on rank 0; None for anything else."""
+    its profile's collective kernel time on rank 0, or none on one GPU; None for anything else."""
     if not (isinstance(value, dict) and "tpot_p50_ms" in value and value["runner"].get("cuda_graphs")):
         return None
     if re.fullmatch(r"\w+_tp\d+", key) and value["runner"].get("time_collectives", True):
         return float(value["all_reduce_ms"])
+    stage = re.fullmatch(r"\w+_tp(\d+)(_nccl|_symm_mem)?(_async)?(_profile\w*)?", key)
+    if stage and stage[1] == "1":  # one GPU: no collective
+        return 0.0
     profile = value.get("profile")
-    if (re.fullmatch(r"\w+_tp\d+(_nccl|_symm_mem)?_profile\w*", key) and isinstance(profile, dict)
-            and "collective_kernel_ms_per_step" in profile):
+    if stage and stage[4] and isinstance(profile, dict) and "collective_kernel_ms_per_step" in profile:
+        # (an _async stage profiles its asynchronous steps: the same kernels, so the same time)
         return float(profile["collective_kernel_ms_per_step"])
     return None
 
 
-def _decode_run(value: dict, all_reduce_ms: float) -> DecodeRun:
+def _decode_run(value: dict, timed: dict, all_reduce_ms: float) -> DecodeRun:
+    """The run of recording ``value`` whose latency is ``timed`` (value itself, or its "async")."""
     return DecodeRun(model_preset(value["label"].split(" / ")[0]), int(value["tensor_parallel"]),
-                     PRECISIONS[value["runner"]["dtype"]], int(value["prompt_tokens"]),
-                     int(value["decode_tokens"]), value["tpot_p50_ms"] / 1e3, all_reduce_ms / 1e3,
+                     PRECISIONS[value["runner"]["dtype"]], int(timed["prompt_tokens"]),
+                     int(timed["decode_tokens"]), timed["tpot_p50_ms"] / 1e3, all_reduce_ms / 1e3,
                      value["bandwidth"])
 
 
@@ -258,9 +280,10 @@ def compare_runs(hardware: Hardware, efficiency: Efficiency,
     return tuple(rows)
 
 
-def calibrate_recorded(path: str | Path) -> TPCalibration:
-    """Fit the link and this engine's tensor-parallel terms to a recorded run; compare every run."""
-    recorded = load_recorded(path)
+def calibrate_recorded(path: str | Path, asynchronous: bool = False) -> TPCalibration:
+    """Fit the link and this engine's tensor-parallel terms to a recorded run; compare every run
+    (``asynchronous``: the runs made with asynchronous scheduling)."""
+    recorded = load_recorded(path, asynchronous)
     hardware = fit_link(hardware_named(recorded.device), recorded)
     efficiency = fit_engine(hardware, recorded.runs)
     sweep = tuple((p, predict_all_reduce(hardware, p.gpus, p.nbytes)) for p in recorded.sweep)
@@ -305,7 +328,8 @@ def tensor_parallel_report(cal: TPCalibration) -> str:
     """The tensor-parallel calibration as text: the link fit, the engine fit, predicted vs measured."""
     hw, e = cal.hardware, cal.efficiency
     lines = [
-        f"recorded     {cal.recorded.device}, {cal.recorded.date} ({cal.recorded.path})",
+        f"recorded     {cal.recorded.device}, {cal.recorded.date} ({cal.recorded.path}), "
+        f"{'asynchronous scheduling' if cal.recorded.asynchronous else 'step by step'}",
         f"wire         all_reduce_latency = {format_value(hw.link_latency, 's')} + 2 × (gpus − 1) × "
         f"{format_value(hw.link_hop_latency, 's')}; link_bandwidth = {format_value(hw.link_bandwidth, 'B/s')} "
         f"({_bandwidth_source(hw)}); {_preset_link_note(hw)}",

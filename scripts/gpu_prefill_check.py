@@ -36,28 +36,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tinyinfer.bench import shapes as bs
-from tinyinfer.engine import Engine
-from tinyinfer.runners import torch_layers
-from tinyinfer.sampling import SamplingParams
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_check import median_ms  # noqa: E402
+
+from tinyinfer.bench import shapes as bs  # noqa: E402
+from tinyinfer.engine import Engine  # noqa: E402
+from tinyinfer.runners import torch_layers  # noqa: E402
+from tinyinfer.sampling import SamplingParams  # noqa: E402
 
 SECTIONS = ("checks", "bench")
 
 
 def log(text: str) -> None:
     print(text, flush=True)
-
-
-def median_ms(fn, repeats: int = 20) -> float:
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def packed_case(plan, heads, kv_heads, hd, page, int8, gen, device):
@@ -146,8 +138,8 @@ def check_kernel(results: dict) -> None:
         qkv, chunks, cache, cos, sin = packed_case(plan, 32, 8, 64, 16, False, gen, device)
         args = (qkv, chunks, *cache, cos, sin, 32)
         times[name] = {
-            "torch (SDPA per sequence)": median_ms(partial(torch_layers.packed_prefill_attention, *args)),
-            "triton (one launch)": median_ms(partial(torch_triton_prefill.paged_prefill_attention, *args)),
+            "torch (SDPA per sequence)": median_ms(partial(torch_layers.packed_prefill_attention, *args), 20, device),
+            "triton (one launch)": median_ms(partial(torch_triton_prefill.paged_prefill_attention, *args), 20, device),
         }
         log(f"{name}: {times[name]}")
 

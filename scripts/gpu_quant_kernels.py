@@ -126,13 +126,7 @@ def check(device: torch.device, per_format: list[tuple[dict[str, Any], float]]) 
     qw = quantize(rng.standard_normal((512, 1024)).astype(np.float32), QuantConfig.parse("int4-g64-asym"))
     weight = layers.device_weight(qw, device, torch.bfloat16, kernel="triton")
     x = torch.randn((4, 1024), device=device, dtype=torch.bfloat16)
-    ref = x.double() @ torch.from_numpy(dequantize(qw)).to(device, torch.float64).T
-    compiled = torch.compile(layers.linear)
-    for _ in range(2):
-        compiled(x, weight, None)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = compiled(x, weight, None)
+    graph, y = graphed_linear(x, weight)
     x.copy_(torch.randn_like(x))
     ref = x.double() @ torch.from_numpy(dequantize(qw)).to(device, torch.float64).T
     graph.replay()
@@ -234,6 +228,18 @@ def rotated_weights(shapes: dict, fmt: str, device: torch.device, gen: torch.Gen
     return {kind: [random_kernel_weight(shape, fmt, device, gen)
                    for _ in range(copies_for(shape[0] * shape[1] * bits // 8))]
             for kind, shape in shapes.items()}
+
+
+def graphed_linear(x: torch.Tensor, weight: Any) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """``layers.linear(x, weight)`` compiled and captured in a CUDA graph, as the runner runs it:
+    the graph, and the output it writes on each replay of the current x."""
+    compiled = torch.compile(layers.linear)
+    for _ in range(2):
+        compiled(x, weight, None)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = compiled(x, weight, None)
+    return graph, y
 
 
 def speed(device: torch.device, sweep: bool, budget_s: float, start: float) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_check import environment, graph_us_per_call, log  # noqa: E402
-from gpu_quant_kernels import SHAPES, copies_for, kernel_us, random_kernel_weight  # noqa: E402
+from gpu_quant_kernels import SHAPES, copies_for, graphed_linear, kernel_us, random_kernel_weight  # noqa: E402
 
 from tinyinfer.quant import QuantConfig, dequantize, quantize  # noqa: E402
 from tinyinfer.runners import torch_layers as layers  # noqa: E402
@@ -87,12 +87,7 @@ def check(device: torch.device) -> dict[str, Any]:
         qw = quantize(rng.standard_normal((512, 1024)).astype(np.float32), QuantConfig.parse(fmt))
         w = layers.device_weight(qw, device, torch.bfloat16, kernel=kernel)
         x = torch.randn((layers.DEQUANT_ROWS + 32, 1024), device=device, dtype=torch.bfloat16)
-        compiled = torch.compile(layers.linear)
-        for _ in range(2):
-            compiled(x, w, None)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = compiled(x, w, None)
+        graph, y = graphed_linear(x, w)
         x.copy_(torch.randn_like(x))
         graph.replay()
         ref = x.double() @ torch.from_numpy(dequantize(qw)).to(device).double().T

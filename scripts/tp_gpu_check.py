@@ -145,13 +145,14 @@ def gqa(world: int, dtype: str, **options: Any) -> tuple[dict, Any]:
                                           dtype=dtype, **options), prompts)
 
 
-def fused_decode_check(worlds: tuple[int, ...], with_one_gpu: bool, torch_too: bool) -> tuple[dict, None]:
+def fused_decode_check(world: int) -> tuple[dict, None]:
     """Batch-1 decode logits of the fused products under TP against one GPU: a random GQA Llama
     (8 heads, 4 KV heads, V = 1001, tinyinfer's ``random_llama_folder``), a 40-token prompt, then
     24 decode steps fed the same tokens on every runner (CUDA graphs on, compile off). Each bf16
-    runner's error against one GPU in float32: one GPU's own (fused products), and at each TP size
-    the fused products' and (``torch_too``) torch's (symmetric-memory all-reduce). A wrong fused shard (a missing
-    residual, a rank's share dropped) is off by the logits' own size; rounding by bf16's."""
+    runner's error against one GPU in float32: one GPU's own (fused products) and TP's (fused
+    products, symmetric-memory all-reduce). A wrong fused shard (a missing residual, a rank's share
+    dropped) is off by the logits' own size; rounding by bf16's. One TP model per stage: a second
+    symmetric-memory TP model loaded in the same process hung in its rendezvous."""
     from tinyinfer.runners.runner import make_batch
 
     folder = random_llama_folder(Path(tempfile.mkdtemp()))
@@ -181,14 +182,11 @@ def fused_decode_check(worlds: tuple[int, ...], with_one_gpu: bool, torch_too: b
 
     ref, _ = decode_logits(tinyinfer.load(folder, runner="torch", device="cuda", dtype="float32", compile=False))
     result: dict[str, Any] = {"steps": len(fed), "card": torch.cuda.get_device_name()}
-    if with_one_gpu:
-        result["one_gpu_bf16"] = error(*decode_logits(tinyinfer.load(
-            folder, runner="torch", device="cuda", dtype="bfloat16", compile=False)))
-    for world in worlds:
-        for products in ("auto", "torch") if torch_too else ("auto",):
-            result[f"tp{world}_{'fused' if products == 'auto' else 'torch'}"] = error(*decode_logits(tinyinfer.load(
-                folder, runner="torch", device="cuda", dtype="bfloat16", compile=False,
-                tensor_parallel=world, all_reduce="symm_mem", decode_products=products)))
+    result["one_gpu_bf16"] = error(*decode_logits(tinyinfer.load(
+        folder, runner="torch", device="cuda", dtype="bfloat16", compile=False)))
+    result[f"tp{world}_fused"] = error(*decode_logits(tinyinfer.load(
+        folder, runner="torch", device="cuda", dtype="bfloat16", compile=False,
+        tensor_parallel=world, all_reduce="symm_mem")))
     return result, None
 
 
@@ -576,9 +574,18 @@ def command_exit(command: list[str], out: Path, name: str, timeout: float = 240)
     killed = []
 
     def kill() -> None:
+        # torchrun's ranks leave its process group: kill every descendant too, or one that hangs
+        # holds the pipe open (this process then waits on it until its own limit) and its GPU
+        # memory (the next stage's out of memory)
         if proc.poll() is None:
             killed.append(True)
+            family = _descendants(proc.pid)
             os.killpg(proc.pid, signal.SIGKILL)
+            for pid in family:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     deadline = threading.Timer(timeout, kill)
     deadline.start()
@@ -606,6 +613,25 @@ def command_exit(command: list[str], out: Path, name: str, timeout: float = 240)
             "exit_after_output_s": round(exited - last, 2), "stdout_tail": "".join(lines[-6:]),
             "leaked_semaphores": "leaked semaphore" in err, "fatal": "Fatal Python error" in err,
             "traceback": "Traceback" in err}
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, theirs, ...), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # not a process, or one that just ended
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def cli_latency(world: int, out: Path, *flags: str, torchrun: bool = False) -> tuple[dict, None]:
@@ -688,8 +714,8 @@ def stages(out: Path) -> dict[str, Callable[[], tuple[Any, Any]]]:
     table["8b_tp2_nccl_timed"] = lambda: scaling(2, out, time_collectives=True)
     table["70b_tp4_symm_mem"] = lambda: scaling(4, out, shape="llama-2-70b", all_reduce="symm_mem")
     table["bundled_tp2_symm_mem"] = lambda: bundled_tp2(compile=False, all_reduce="symm_mem")
-    table["fused_check_tp2"] = lambda: fused_decode_check((2,), with_one_gpu=True, torch_too=True)
-    table["fused_check_tp4"] = lambda: fused_decode_check((4,), with_one_gpu=False, torch_too=False)
+    table["fused_check_tp2"] = lambda: fused_decode_check(2)
+    table["fused_check_tp4"] = lambda: fused_decode_check(4)
     table["8b_tp4_symm_mem_async_profile_batch32"] = lambda: scaling(
         4, out, profile_steps=20, batch=32, async_too=True, all_reduce="symm_mem")
     table["70b_tp4_symm_mem_async"] = lambda: scaling(4, out, shape="llama-2-70b", async_too=True,

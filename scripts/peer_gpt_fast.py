@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -119,9 +120,16 @@ def main() -> None:
     import generate as gf  # gpt-fast's generate.py: sets its inductor options on import
     from tp import maybe_init_dist
 
+    began = time.perf_counter()
     rank = maybe_init_dist()
     torch.cuda.set_device(rank or 0)
     world = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if rank is not None else 1
+
+    def say(what: str) -> None:  # progress, so that a run cut short shows how far it got
+        if rank in (None, 0):
+            print(f"gpt-fast [{time.perf_counter() - began:6.1f} s] {what}", flush=True)
+
+    say(f"TP={world}: building the model")
     model = build(args, rank)
     # gpt-fast's own count of a step's bytes (every parameter and buffer outside the embedding),
     # taken before generate() adds its KV cache
@@ -129,17 +137,35 @@ def main() -> None:
     gf.decode_one_token = torch.compile(gf.decode_one_token, mode="reduce-overhead", fullgraph=True)
     prompt = torch.randint(0, 1024, (args.prompt_tokens,), device="cuda", dtype=torch.int64)
 
-    def once() -> float:
+    decoded = [0]
+
+    def first_steps(_token: object) -> None:  # the first run's first decode steps: when each came
+        decoded[0] += 1
+        if decoded[0] in (1, 2, 3):
+            say(f"first generate: decode step {decoded[0]} queued")
+
+    def once(callback: Any = lambda _token: None) -> float:
         torch.cuda.synchronize()
         start = time.perf_counter()
         out, _ = gf.generate(model, prompt, args.max_tokens, batch_size=1, interactive=False,
-                             draft_model=None, temperature=0.8, top_k=200)
+                             draft_model=None, temperature=0.8, top_k=200, callback=callback)
         torch.cuda.synchronize()
         return (out.size(-1) - args.prompt_tokens) / (time.perf_counter() - start)
 
+    say("first generate: compiling decode_one_token and capturing its graphs")
     start = time.perf_counter()
-    once()  # compiles and captures
+    once(first_steps)  # compiles and captures
     compile_s = time.perf_counter() - start
+    # where the compile went (Dynamo's and Inductor's phases, summed over the run) and how many
+    # graphs it compiled (a recompile shows as more than one)
+    from torch._dynamo.utils import compile_times, counters
+
+    try:
+        phases = compile_times(repr="str", aggregate=True)
+    except ImportError as missing:  # it tabulates with the tabulate package
+        phases = f"(no table: {missing})"
+    graphs = dict(counters["stats"])
+    say(f"compiled and captured in {compile_s:.1f} s; Dynamo stats {graphs}\n{phases}")
     rates = [once() for _ in range(args.runs)]
     if rank is not None:
         torch.distributed.destroy_process_group()
@@ -152,7 +178,10 @@ def main() -> None:
                    f"{args.quantize}" + (f"-g{args.group_size}" if args.quantize == "int4" else ""),
         "tensor_parallel": world, "prompt_tokens": args.prompt_tokens,
         "max_tokens": args.max_tokens, "tok_s": rate, "tok_s_runs": rates,
-        "compile_s": compile_s, "bytes_per_step_per_rank": size,
+        "compile_s": compile_s, "compile_phases": phases, "dynamo_stats": graphs,
+        "inductor_settings": {k: getattr(torch._inductor.config, k) for k in (
+            "coordinate_descent_tuning", "fx_graph_cache", "compile_threads")},
+        "bytes_per_step_per_rank": size,
         "achieved_bytes_s_per_rank": size * rate,
         "card": torch.cuda.get_device_name(), "torch": torch.__version__,
     }

@@ -145,6 +145,51 @@ def gqa(world: int, dtype: str, **options: Any) -> tuple[dict, Any]:
                                           dtype=dtype, **options), prompts)
 
 
+def fused_decode_check(world: int) -> tuple[dict, None]:
+    """Batch-1 decode logits of the fused products under TP against one GPU: a random GQA Llama
+    (8 heads, 4 KV heads, V = 1001, tinyinfer's ``random_llama_folder``), a 40-token prompt, then
+    24 decode steps fed the same tokens on every runner (CUDA graphs on, compile off). Each bf16
+    runner's error against one GPU in float32: one GPU's own (fused products) and TP's (fused
+    products, symmetric-memory all-reduce). A wrong fused shard (a missing residual, a rank's share
+    dropped) is off by the logits' own size; rounding by bf16's. One TP model per stage: a second
+    symmetric-memory TP model loaded in the same process hung in its rendezvous."""
+    from tinyinfer.runners.runner import make_batch
+
+    folder = random_llama_folder(Path(tempfile.mkdtemp()))
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 1001, 40).tolist()
+    fed = rng.integers(0, 1001, 24).tolist()
+
+    def decode_logits(model: Any) -> tuple[np.ndarray, dict]:
+        runner = model.runner
+        kv = runner.new_kv_cache(16, 16)
+        table = list(range(8))
+        runner.forward(make_batch([(prompt, 0, table, False)], 16), kv)
+        rows = [runner.forward(make_batch([([t], len(prompt) + i, table, False)], 16), kv)
+                for i, t in enumerate(fed)]
+        described = runner.describe()
+        del kv
+        if model.runner.info.tensor_parallel > 1:
+            model.runner.close()
+        return np.concatenate(rows), described
+
+    def error(got: np.ndarray, described: dict) -> dict:
+        return {"max_abs_err_over_max": float(np.abs(got - ref).max() / np.abs(ref).max()),
+                "rel_l2_err": float(np.linalg.norm(got - ref) / np.linalg.norm(ref)),
+                "argmax_agree": float(np.mean(got.argmax(-1) == ref.argmax(-1))),
+                "decode_products": described.get("decode_products"),
+                "all_reduce": described.get("all_reduce")}
+
+    ref, _ = decode_logits(tinyinfer.load(folder, runner="torch", device="cuda", dtype="float32", compile=False))
+    result: dict[str, Any] = {"steps": len(fed), "card": torch.cuda.get_device_name()}
+    result["one_gpu_bf16"] = error(*decode_logits(tinyinfer.load(
+        folder, runner="torch", device="cuda", dtype="bfloat16", compile=False)))
+    result[f"tp{world}_fused"] = error(*decode_logits(tinyinfer.load(
+        folder, runner="torch", device="cuda", dtype="bfloat16", compile=False,
+        tensor_parallel=world, all_reduce="symm_mem")))
+    return result, None
+
+
 # ---------------------------------------------------------------- all-reduce sweep
 
 
@@ -334,7 +379,7 @@ def batch_decode(model: Any, batch: int, prompt_tokens: int = 128, decode_tokens
 REGIONS = (("all_reduce", r"all_reduce|allreduce"), ("gather", r"allgather"),
            ("attention", r"paged_decode|merge_splits|flash|attention|sdpa|fmha"),
            ("norm", r"rms_norm|layer_norm"),
-           ("matmul", r"nvjet|gemm|cutlass|splitkreduce|xmma|sm90_"),
+           ("matmul", r"nvjet|gemm|gemv|cutlass|splitkreduce|xmma|sm90_"),  # gemv: the fused products
            ("sampling", r"topk|bitonic|sort|scan|reduce_kernel|cub::"))
 
 
@@ -513,13 +558,37 @@ def command_exit(command: list[str], out: Path, name: str, timeout: float = 240)
     OUT/NAME.stderr.log."""
     import signal
     import subprocess
+    import threading
 
     # Both streams go to disk as they come (stdout with the seconds since the start), so a run
-    # cut short at its time limit still shows how far it got.
+    # cut short at its time limit still shows how far it got. The command runs in a session of
+    # its own (torchrun and its ranks with it), so a timer kills that whole group at the deadline,
+    # silent or not, before the stage's own limit (STAGE_LIMIT) ends this process and would leave
+    # it running on the GPUs beside the next stage.
+    if os.environ.get("STAGE_LIMIT"):
+        timeout = min(timeout, float(os.environ["STAGE_LIMIT"]) - 10)
     log, err_log = out / f"{name}.log", out / f"{name}.stderr.log"
     with open(err_log, "w") as err_file:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err_file, text=True,
                                 start_new_session=True)
+    killed = []
+
+    def kill() -> None:
+        # torchrun's ranks leave its process group: kill every descendant too, or one that hangs
+        # holds the pipe open (this process then waits on it until its own limit) and its GPU
+        # memory (the next stage's out of memory)
+        if proc.poll() is None:
+            killed.append(True)
+            family = _descendants(proc.pid)
+            os.killpg(proc.pid, signal.SIGKILL)
+            for pid in family:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    deadline = threading.Timer(timeout, kill)
+    deadline.start()
     lines, last = [], time.monotonic()
     start = last
     assert proc.stdout is not None
@@ -534,14 +603,35 @@ def command_exit(command: list[str], out: Path, name: str, timeout: float = 240)
     try:
         code = proc.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill()
         code = None
+    deadline.cancel()
+    code = None if killed else code
     exited = time.monotonic()
     err = err_log.read_text(errors="replace")
     return {"command": " ".join(command), "returncode": code, "seconds": round(exited - start, 1),
             "exit_after_output_s": round(exited - last, 2), "stdout_tail": "".join(lines[-6:]),
             "leaked_semaphores": "leaked semaphore" in err, "fatal": "Fatal Python error" in err,
             "traceback": "Traceback" in err}
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, theirs, ...), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # not a process, or one that just ended
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def cli_latency(world: int, out: Path, *flags: str, torchrun: bool = False) -> tuple[dict, None]:
@@ -624,6 +714,12 @@ def stages(out: Path) -> dict[str, Callable[[], tuple[Any, Any]]]:
     table["8b_tp2_nccl_timed"] = lambda: scaling(2, out, time_collectives=True)
     table["70b_tp4_symm_mem"] = lambda: scaling(4, out, shape="llama-2-70b", all_reduce="symm_mem")
     table["bundled_tp2_symm_mem"] = lambda: bundled_tp2(compile=False, all_reduce="symm_mem")
+    table["fused_check_tp2"] = lambda: fused_decode_check(2)
+    table["fused_check_tp4"] = lambda: fused_decode_check(4)
+    table["8b_tp4_symm_mem_async_profile_batch32"] = lambda: scaling(
+        4, out, profile_steps=20, batch=32, async_too=True, all_reduce="symm_mem")
+    table["70b_tp4_symm_mem_async"] = lambda: scaling(4, out, shape="llama-2-70b", async_too=True,
+                                                      all_reduce="symm_mem")
     for world in (2, 4):
         table[f"gqa_tp{world}_symm_mem_float32"] = lambda world=world: gqa(
             world, "float32", compile=False, all_reduce="symm_mem")

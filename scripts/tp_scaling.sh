@@ -8,14 +8,21 @@
 #                                                # with asynchronous scheduling (about 100 s)
 #   bash scripts/tp_scaling.sh OUT_DIR pair_peers  # a 2-GPU host: ours at TP=2 (sync and async) beside
 #                                                # gpt-fast at TP=2 and TP=1 in the same call (about 590 s)
+#   bash scripts/tp_scaling.sh OUT_DIR fused     # a 4-GPU host, the fused products in the shards: their
+#                                                # logits against one GPU, ours at TP=1, 2 and 4 (each also
+#                                                # asynchronous), batch 32 and the 70B at TP=4, gpt-fast at
+#                                                # TP=1, 2 and 4 (about 560 s; BUDGET=540 skips what would not fit)
+#   bash scripts/tp_scaling.sh OUT_DIR fused_rest  # a 4-GPU host: what 'fused' could not fit, the 70B and
+#                                                # gpt-fast at TP=4 and TP=2, with ours at TP=4 and TP=1 as
+#                                                # the same-call reference (about 470 s)
 # (BUDGET=seconds: a group that would start with fewer than 30 s left is skipped, and the
 # gpt-fast groups get what is left of it.)
 # Needs tinyinfer's dependencies importable (and, for gpt-fast, GPT_FAST=a checkout; for the
 # gqa stages, transformers with its own regex: don't shadow it with an older regex wheel).
 # Results: OUT_DIR/summary.json (every group's tp_gpu_check.json, by group), OUT_DIR/logs.txt and
 # the profiles' kernel tables (the device machine returns only a few files).
-out=${1:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers}
-mode=${2:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers}
+out=${1:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers|fused|fused_rest}
+mode=${2:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers|fused|fused_rest}
 here=$(cd "$(dirname "$0")" && pwd)
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -33,7 +40,9 @@ group() {
   fi
   local dir="$work/$1"
   mkdir -p "$dir"
-  CUDA_VISIBLE_DEVICES=$gpus timeout -s ABRT "$limit" ${CPUS:+taskset -c "$CPUS"} \
+  # STAGE_LIMIT: a stage that starts a command of its own (gpt-fast under torchrun) kills it
+  # before this limit ends the stage, so that it cannot run on beside the next group
+  STAGE_LIMIT=$limit CUDA_VISIBLE_DEVICES=$gpus timeout -s ABRT "$limit" ${CPUS:+taskset -c "$CPUS"} \
     python3 "$here/tp_gpu_check.py" --out "$dir" "$@" > "$dir/log.txt" 2>&1
   echo "=== $* on GPUs $gpus: exit $? at $((SECONDS - start)) s"
   collect
@@ -118,6 +127,35 @@ elif [ "$mode" = pair_peers ]; then
   group 0,1 60 8b_tp2_symm_mem_async
   group 0,1 300 gpt_fast_tp2
   group 0 230 gpt_fast_tp1
+elif [ "$mode" = fused ]; then
+  # gpt-fast compiles for about two minutes at every size (115-123 s at TP=1, 2 and 4 on 4 x H100:
+  # ~70 s of Dynamo and Inductor over its whole decode step, ~45-50 s of the coordinate-descent
+  # tuning its generate.py turns on, on a cold cache on every fresh machine): gpt-fast at TP=2 on
+  # GPUs 2,3 and half the cores, beside the fused check at TP=2, ours at TP=2 and then ours at
+  # TP=1 (GPU 0) beside gpt-fast at TP=1 (GPU 1) on the other half; then alone: the check at
+  # TP=4, ours at TP=4 (profile, batch 32), the 70B shape, and gpt-fast at TP=4 with what is left
+  cores=$(nproc)
+  CPUS=$((cores / 2))-$((cores - 1)) group 2,3 250 gpt_fast_tp2 &
+  (export CPUS=0-$((cores / 4 - 1))
+   group 0,1 70 fused_check_tp2
+   group 0,1 75 8b_tp2_symm_mem_async
+   CPUS=$((cores / 4))-$((cores / 2 - 1)) group 1 160 gpt_fast_tp1 &
+   group 0 60 8b_tp1_symm_mem_async
+   wait) &
+  wait
+  group 0,1,2,3 45 fused_check_tp4
+  group 0,1,2,3 130 8b_tp4_symm_mem_async_profile_batch32
+  group 0,1,2,3 100 70b_tp4_symm_mem_async
+  group 0,1,2,3 300 gpt_fast_tp4
+elif [ "$mode" = fused_rest ]; then
+  # each alone on the host except gpt-fast at TP=2 (GPUs 0,1) beside ours at TP=1 (GPU 2)
+  group 0,1,2,3 100 70b_tp4_symm_mem_async
+  group 0,1,2,3 70 8b_tp4_symm_mem_async
+  group 0,1,2,3 170 gpt_fast_tp4
+  cores=$(nproc)
+  CPUS=0-$((cores / 2 - 1)) group 0,1 170 gpt_fast_tp2 &
+  CPUS=$((cores / 2))-$((cores - 1)) group 2 60 8b_tp1_symm_mem_async &
+  wait
 else
   # the rest of the table, each alone on the host: TP=1 (its TTFT with no neighbour), batch 32
   # at TP=4, the 70B shape at TP=4, the one-shot all-reduce against one GPU; about 420 s

@@ -107,3 +107,93 @@ def test_split_k_only_where_every_output_tile_has_a_counter():
     assert G.pick_config(5120, 13824, False).split_k == 2
     with pytest.raises(ValueError, match=f"at most {MAX_TILES} output tiles"):
         split_counters(MAX_TILES + 1, __import__("torch").device("cpu"))
+
+
+@needs_triton
+def test_shard_fused_layer_sums_to_the_whole_layer_in_interpreter():
+    """A tensor-parallel layer through the fused products, two ranks in one process (the test
+    adds their partial sums where the ranks would all-reduce): each rank's q|k|v are its columns
+    of the whole layer's, the residual stream is the same on every rank, and the ranks' down
+    products add up to the whole MLP's output; each rank's MLP also matches the shard's torch
+    function (float32, sizes that fill no tile evenly)."""
+    code = """
+import torch
+from tinyinfer.config import ModelConfig
+from tinyinfer.runners import torch_layers as L
+from tinyinfer.runners import torch_triton_gemv as G
+from tinyinfer.runners.tp import shard as S
+torch.manual_seed(0)
+def close(a, b):
+    return float((a - b).norm() / b.norm()) < 1e-5
+c = ModelConfig(family='llama', model_type='llama', vocab_size=50, hidden_size=96, num_layers=1,
+                num_heads=6, num_kv_heads=2, head_dim=16, intermediate_size=160,
+                max_position_embeddings=64, norm_eps=1e-5, tie_word_embeddings=False,
+                qkv_bias=False, o_bias=False, mlp_bias=False)
+hd, world, eps = c.head_dim, 2, c.norm_eps
+ref = {f'layers.0.{n}.weight': 0.1 * torch.randn(shape) for n, shape in dict(
+    q=(c.num_heads * hd, c.hidden_size), k=(c.num_kv_heads * hd, c.hidden_size),
+    v=(c.num_kv_heads * hd, c.hidden_size), o=(c.hidden_size, c.num_heads * hd),
+    gate=(c.intermediate_size, c.hidden_size), up=(c.intermediate_size, c.hidden_size),
+    down=(c.hidden_size, c.intermediate_size)).items()}
+def fused(w):
+    get = lambda n: w[f'layers.0.{n}.weight']
+    return (torch.cat([get('q'), get('k'), get('v')]), get('o').contiguous(),
+            torch.cat([get('gate'), get('up')]), get('down').contiguous())  # as the runner holds them
+norm1, norm2 = 1 + 0.1 * torch.randn(c.hidden_size), 1 + 0.1 * torch.randn(c.hidden_size)
+x, residual = torch.randn(1, c.hidden_size), torch.randn(1, c.hidden_size)
+attn = torch.randn(1, c.num_heads * hd)  # stands in for attention's output
+qkv_w, o_w, in_w, out_w = fused(ref)
+want_x, want_qkv = L.attention_input(x, residual, norm1, None, qkv_w, None, eps)
+want_x2, want_mlp = L.mlp_block(want_x, attn, o_w, None, norm2, None, in_w, None, out_w, None, eps, True)
+q_size, kv_size = c.num_heads * hd // world, c.num_kv_heads * hd // world
+qkv_parts = want_qkv.split([c.num_heads * hd, c.num_kv_heads * hd, c.num_kv_heads * hd], dim=-1)
+ranks = [fused(S.shard_weights(c, ref, r, world)) for r in range(world)]
+outs = []
+for r, (qkv_r, o_r, in_r, out_r) in enumerate(ranks):
+    got_x, got_qkv = G.attention_input(x, residual, norm1, None, qkv_r, None, eps)
+    mine = torch.cat([qkv_parts[0][:, r * q_size:(r + 1) * q_size], qkv_parts[1][:, r * kv_size:(r + 1) * kv_size],
+                      qkv_parts[2][:, r * kv_size:(r + 1) * kv_size]], dim=-1)
+    assert torch.equal(got_x, want_x) and close(got_qkv, mine), r
+    outs.append(G.gemv(attn[:, r * q_size:(r + 1) * q_size], o_r))
+attn_out = sum(outs)  # the all-reduce
+partials = []
+for r, (qkv_r, o_r, in_r, out_r) in enumerate(ranks):
+    got_x2, partial = G.mlp_after_attention(want_x, attn_out, norm2, None, in_r, None, out_r, None, eps, True)
+    torch_x2, torch_partial = S.mlp_after_attention(want_x, attn_out, norm2, None, in_r, None, out_r, None, eps, True)
+    assert close(got_x2, want_x2) and torch.equal(got_x2, torch_x2) and close(partial, torch_partial), r
+    partials.append(partial)
+assert close(sum(partials), want_mlp)
+assert not close(partials[0], want_mlp)  # one rank's share is not the whole
+print('ok')
+"""
+    run_interpreted(code)
+
+
+@needs_triton
+def test_shard_decodes_through_the_fused_products_as_through_torch():
+    """A shard's own layer loop (one rank, so no collectives to stand in for): prefill, then
+    batch-1 decode steps through the fused products give the torch path's float32 logits; a
+    batch of two rows stays on the torch path."""
+    a, b = [0, 1, 2, 3], [4, 5, 6, 7]
+    steps = [[([5, 9, 2, 11, 3, 8], 0, a, False), ([4, 4, 1], 0, b, False)]]
+    steps += [[([7 + i], 6 + i, a, False)] for i in range(3)]
+    steps += [[([30], 9, a, False), ([31], 3, b, False)]]
+    code = (
+        "import numpy as np\n"
+        "from tinyinfer.config import load_config\n"
+        "from tinyinfer.model import BUNDLED\n"
+        "from tinyinfer.runners.runner import make_batch\n"
+        "from tinyinfer.runners import torch_triton_gemv as G\n"
+        "from tinyinfer.runners.tp.shard import ShardRunner\n"
+        "from tinyinfer.weights import load_weights\n"
+        "config = load_config(BUNDLED['bundled'])\n"
+        "runners = [ShardRunner(config, load_weights(BUNDLED['bundled'], config), 0, 1, device='cpu') for _ in range(2)]\n"
+        "assert runners[1].describe()['decode_products'] == 'torch'  # 'auto' on the CPU\n"
+        "runners[1]._shard_fused = (G.attention_input, G.gemv, G.mlp_after_attention, G.final_logits)\n"
+        "caches = [r.new_kv_cache(32, 4) for r in runners]\n"
+        f"for entries in {steps!r}:\n"
+        "    ref, got = (r.forward(make_batch(entries, 4), kv) for r, kv in zip(runners, caches))\n"
+        "    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max(), np.abs(got - ref).max()\n"
+        "print('ok')\n"
+    )
+    run_interpreted(code)

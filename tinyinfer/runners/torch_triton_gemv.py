@@ -10,7 +10,10 @@ four products per layer, each doing the work of the small kernels around it:
 * ``mlp_block``: the o product adds its output to the residual stream (epilogue); gate|up
   normalises in its prologue and writes silu(gate) * up (each program reads the gate rows and
   the up rows of the same outputs); the down product is plain;
-* ``final_logits``: the last residual add and norm before the LM head, float32 logits out.
+* ``final_logits``: the last residual add and norm before the LM head, float32 logits out;
+* a tensor-parallel shard, whose o and down products end in an all-reduce, takes them plain
+  (``gemv`` alone) and ``mlp_after_attention``: the all-reduced o output's residual add and the
+  norm as the gate|up product's prologue.
 
 Same contracts as ``torch_layers``' functions of those names, and the roundings they get
 compiled (sums and norms in float32, each product's output rounded to the compute dtype before
@@ -253,6 +256,18 @@ def mlp_block(x: Tensor, attn: Tensor, o_w: Tensor, o_b: Tensor | None, norm_w: 
     x = gemv(attn, o_w, o_b, add=x)
     h = gemv(x, in_w, in_b, norm=norm_w, eps=eps, gated=True)
     return x, gemv(h, out_w, out_b)
+
+
+def mlp_after_attention(x: Tensor, attn_out: Tensor, norm_w: Tensor, norm_b: Tensor | None,
+                        in_w: Tensor, in_b: Tensor | None, out_w: Tensor, out_b: Tensor | None,
+                        eps: float, gated: bool) -> tuple[Tensor, Tensor]:
+    """A tensor-parallel shard's MLP (``tp.shard.mlp_after_attention``: its o product ends in an
+    all-reduce, not in the residual add) in two kernels: the all-reduced attention output added
+    to the residual stream and RMSNorm as the gate|up product's prologue, silu(gate) * up; the
+    down product, plain (its partial sum is all-reduced next)."""
+    total = torch.empty_like(x)
+    h = gemv(x, in_w, in_b, norm=norm_w, residual=attn_out, sum_out=total, eps=eps, gated=True)
+    return total, gemv(h, out_w, out_b)
 
 
 def final_logits(x: Tensor, residual: Tensor, norm_w: Tensor, norm_b: Tensor | None,

@@ -48,7 +48,7 @@ from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
 from tinyinfer.runners import torch_layers as layers
 from tinyinfer.runners.runner import Batch, RankShare, RankTiming, RunnerInfo
-from tinyinfer.runners.torch_fast import TorchKVCache, TorchRunner, _Step, reduce_top
+from tinyinfer.runners.torch_fast import FUSED_MAX_ROWS, TorchKVCache, TorchRunner, _Step, reduce_top
 from tinyinfer.runners.torch_graphs import DecodeGraphs
 from tinyinfer.runners.torch_weights import random_weights
 from tinyinfer.weights import Bf16Array
@@ -314,7 +314,9 @@ class ShardRunner(TorchRunner):
 
     Decode steps replay CUDA graphs as on one GPU: the all-reduces and the logits all-gather
     are captured with the layers, and every rank captures the same step at the same moment,
-    because every rank runs the same commands in the same order.
+    because every rank runs the same commands in the same order. Batch-1 decode steps run the
+    fused Triton products where one GPU would (``decode_products``, "auto" by default): the
+    residual add and norm after each all-reduce become the next product's prologue.
 
     Every rank ends a step with the whole vocabulary's logits [R, V] (``launch_logits``; rank 0
     reduces them through TorchRunner's ``launch_top``). Call ``connect()`` on every rank once
@@ -326,11 +328,6 @@ class ShardRunner(TorchRunner):
                  compile: bool | None = None, presharded: bool = False,
                  time_collectives: bool = False, all_reduce: str = "nccl", **options: Any):
         shard = weights if presharded else shard_weights(config, weights, rank, world)
-        if options.get("decode_products", "auto") == "triton":
-            raise TinyInferError("decode_products='triton' (the fused batch-1 products) runs on one "
-                                 "GPU: tensor-parallel shards take decode_products='torch'")
-        if options.get("decode_products", "auto") == "auto":  # a shard all-reduces between its layer functions
-            options["decode_products"] = "torch"
         super().__init__(shard_config(config, world), shard, device=device, dtype=dtype,
                          compile=compile, **options)
         self.full_config = config
@@ -344,8 +341,20 @@ class ShardRunner(TorchRunner):
                                  "graphs (torch.cuda.Event has no external=): upgrade torch, or "
                                  "pass time_collectives=False or cuda_graphs=False")
         self.clock = _CommClock(self.device, time_collectives)
-        self._eager = (layers.attention_input, mlp_after_attention, layers.final_logits)
-        self._decode_fns = tuple(torch.compile(f) for f in self._eager) if self.compile else self._eager
+        # A layer's functions: attention input (residual add, norm, q|k|v), the o product (a
+        # partial sum, all-reduced next), the MLP after the all-reduce, the head. The o product
+        # stays eager on the torch path (one cuBLAS call); batch-1 decode steps take the fused
+        # Triton products where TorchRunner chose them (decode_products).
+        eager = (layers.attention_input, mlp_after_attention, layers.final_logits)
+        compiled = tuple(torch.compile(f) for f in eager) if self.compile else eager
+        self._eager = (eager[0], layers.linear, *eager[1:])
+        self._decode_fns = (compiled[0], layers.linear, *compiled[1:])
+        self._shard_fused = None
+        if self.decode_products == "triton":
+            from tinyinfer.runners import torch_triton_gemv as gemv
+
+            self._shard_fused = (gemv.attention_input, gemv.gemv, gemv.mlp_after_attention,
+                                 gemv.final_logits)
         self._graph_sets: weakref.WeakSet[DecodeGraphs] = weakref.WeakSet()
         self._symm: list[Tensor] = []  # two symmetric buffers, used in turn (symm_mem)
         self._symm_turn = 0
@@ -439,7 +448,12 @@ class ShardRunner(TorchRunner):
             return self._all_gather_vocab(self._layers(step, kv))
 
     def _layers(self, step: _Step, kv: TorchKVCache) -> Tensor:
-        attention_input, mlp_rest, final_logits = self._eager if step.prefills else self._decode_fns
+        fns, attend = self._decode_fns, self.decode_attention
+        if step.prefills:
+            fns = self._eager
+        elif self._shard_fused is not None and len(step.token_ids) <= FUSED_MAX_ROWS:
+            fns, attend = self._shard_fused, self._fused_attention
+        attention_input, o_product, mlp_rest, final_logits = fns
         w = self.w
         x = self._embed(step.token_ids)  # [T, D]
         if w.pos_embed is not None:
@@ -448,8 +462,8 @@ class ShardRunner(TorchRunner):
         eps, gated = self.config.norm_eps, self.config.family == "llama"
         for i, layer in enumerate(w.layers):
             x, qkv = attention_input(x, residual, *layer.attn_norm, *layer.qkv, eps)  # [T, (H + 2 Hkv) hd / N]
-            attn = self._attention(i, qkv, step, kv)  # [T, H hd / N]: this rank's heads
-            attn_out = self._all_reduce(layers.linear(attn, *layer.o))  # row-parallel o -> [T, D]
+            attn = self._attention(i, qkv, step, kv, attend)  # [T, H hd / N]: this rank's heads
+            attn_out = self._all_reduce(o_product(attn, *layer.o))  # row-parallel o -> [T, D]
             x, partial = mlp_rest(x, attn_out, *layer.mlp_norm, *layer.mlp_in, *layer.mlp_out, eps, gated)
             residual = self._all_reduce(partial)  # row-parallel down -> [T, D]
         if step.logits_rows is not None:

@@ -183,8 +183,10 @@ def steps(shape: str, device: torch.device) -> dict:
     return out
 
 
-CANDIDATES = [(16, 256, 1, 4), (16, 256, 2, 4), (16, 512, 1, 4), (16, 512, 2, 4), (32, 256, 1, 4),
-              (16, 128, 1, 4), (16, 256, 4, 4), (64, 128, 1, 4), (16, 256, 1, 8)]
+CANDIDATES = [  # (outputs, inputs, split, warps, stages) tried at 1 and 5 rows; splits only without a norm
+    (16, 512, 1, 4, 0), (32, 256, 1, 4, 0), (64, 128, 1, 4, 0), (16, 256, 1, 4, 3), (16, 512, 1, 4, 3),
+    (32, 256, 1, 4, 3), (64, 128, 1, 4, 3), (32, 128, 1, 4, 4), (64, 64, 1, 4, 4), (32, 256, 1, 8, 3),
+    (16, 512, 2, 4, 0), (16, 256, 2, 4, 3)]
 
 
 def product_times(shape: str, device: torch.device, sweep: bool) -> dict:
@@ -215,17 +217,21 @@ def product_times(shape: str, device: torch.device, sweep: bool) -> dict:
         for m in (1, 5, 16, 17):
             record(f"rows M={m}", lambda i, m=m: rows.rows_product(xs[m], ws[i], **args[m]))
         if sweep:
-            for bn, bk, split, warps in CANDIDATES:
-                cfg = rows.Config(bn, bk, split, warps)
-                record(f"rows M=1 {bn}x{bk} split {split} warps {warps}",
-                       lambda i: rows.rows_product(xs[1], ws[i], **args[1], config=cfg))
+            for bn, bk, split, warps, stages in CANDIDATES:
+                if split > 1 and "norm" in args[1]:
+                    continue
+                cfg = rows.Config(bn, bk, split, warps, stages)
+                for m in (1, 5):
+                    record(f"rows M={m} {bn}x{bk} split {split} warps {warps} stages {stages}",
+                           lambda i, m=m: rows.rows_product(xs[m], ws[i], **args[m], config=cfg))
         record("gemv M=1 again", lambda i: gemv.gemv(xs[1], ws[i], **args[1]))
         record("rows M=1 again", lambda i: rows.rows_product(xs[1], ws[i], **args[1]))
-        best = min((v["us"], label) for label, v in row.items()
-                   if isinstance(v, dict) and label.startswith("rows M=1"))
+        best = {m: min(((v["us"], label) for label, v in row.items()
+                        if isinstance(v, dict) and label.startswith(f"rows M={m}")), default=None)
+                for m in (1, 5)}
         log(f"products {shape} {name} {[n, k]}: " + ", ".join(
             f"{label} {v['us']}" for label, v in row.items() if isinstance(v, dict) and "x" not in label)
-            + f"; best rows M=1: {best[1]} {best[0]} us")
+            + f"; best rows: {best}")
         out[name] = row
         del ws, w0
         torch.cuda.empty_cache()

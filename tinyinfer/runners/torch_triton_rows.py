@@ -44,7 +44,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from tinyinfer.runners import torch_triton_gemv as gemv_kernels
 from tinyinfer.runners.torch_triton import uses_pdl
 from tinyinfer.runners.torch_triton_gemv import _finish
-from tinyinfer.runners.triton_common import INTERPRETED, load, split_counters, split_fits, trip_count
+from tinyinfer.runners.triton_common import INTERPRETED, load, split_counters, trip_count
 
 ROWS = 16  # rows a program multiplies: tl.dot's smallest dimension
 
@@ -54,8 +54,33 @@ class Config(NamedTuple):
 
     block_n: int  # outputs per program (>= 16)
     block_k: int  # inputs per loop step (>= 16)
-    split_k: int = 1  # programs sharing one tile's inputs
+    split_k: int = 1  # programs sharing one tile's inputs (products without RMSNorm)
     num_warps: int = 4
+    stages: int = 0  # 0: the next weight tile in registers; n: Triton's pipeline, n - 1 in flight
+
+
+@triton.jit
+def _accumulate(w, u, k, acc, acc_u, squares, r, r_ok, x_cols, res_cols, norm_ptr, sum_ptr, K, writer,
+                dtype, NORM: tl.constexpr, ADD_RES: tl.constexpr, GATED: tl.constexpr,
+                EVEN: tl.constexpr):
+    """One loop step: this step's inputs k of the 16 rows (x^T, [BK, 16]) through the prologue,
+    multiplied by the weight tiles w (and u, the up rows) on the matrix units."""
+    k_ok = k < K
+    ok = k_ok[:, None] & r_ok[None, :]
+    xt = tl.load(x_cols + k[:, None], mask=ok, other=0.0)  # [BK, 16]
+    if NORM:
+        xf = xt.to(tl.float32)
+        if ADD_RES:
+            xf = (xf + tl.load(res_cols + k[:, None], mask=ok, other=0.0).to(tl.float32))
+            xf = xf.to(dtype).to(tl.float32)
+            tl.store(sum_ptr + r[None, :] * K + k[:, None], xf.to(dtype), mask=ok & writer)
+        squares += tl.sum(xf * xf, 0)
+        xt = xf * load(norm_ptr + k, k_ok, EVEN).to(tl.float32)[:, None]
+    xt = xt.to(dtype)
+    acc = tl.dot(w, xt, acc, input_precision="ieee")  # [BN, 16]
+    if GATED:
+        acc_u = tl.dot(u, xt, acc_u, input_precision="ieee")
+    return acc, acc_u, squares
 
 
 @triton.jit
@@ -64,11 +89,12 @@ def _rows_kernel(
     M, N, K, steps, eps,
     NORM: tl.constexpr, ADD_RES: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
     ADD_OUT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    INTERPRETED_STEPS: tl.constexpr, NORM_STEPS: tl.constexpr, EVEN: tl.constexpr,
-    PDL: tl.constexpr,
+    STAGES: tl.constexpr, INTERPRETED_STEPS: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[m, n] = epilogue(sum_k W[n, k] prologue(x[m])[k]) for the 16 rows m of this program's
-    row tile. Programs: (N tiles, splits, row tiles). Prologue and epilogue as ``_gemv_kernel``'s."""
+    row tile. Programs: (N tiles, splits, row tiles). Epilogue as ``_gemv_kernel``'s; the
+    prologue's RMSNorm (NORM, one split only) scales by each row's 1/rms after the product:
+    sum_k W[n, k] round(x[k] g[k]) / rms, the sum of squares taken in the same loop."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -81,6 +107,9 @@ def _rows_kernel(
     first = pid_k * steps * BLOCK_K  # this program's inputs: first .. first + steps * BLOCK_K
     rows = w_ptr + n[:, None] * K  # [BN, 1]
     up_rows = rows + N * K
+    x_cols = x_ptr + r[None, :] * K  # [1, 16]: x^T's columns are the rows
+    res_cols = res_ptr + r[None, :] * K
+    writer = (pid_n == 0) & (pid_k == 0)  # writes the rounded residual sum (ADD_RES)
     # The first tile of weights, which no earlier kernel writes, before waiting for that kernel.
     k = first + kk
     w_ok = n_ok[:, None] & (k < K)[None, :]
@@ -90,54 +119,48 @@ def _rows_kernel(
         u = load(up_rows + k[None, :], w_ok, EVEN)
     if PDL:
         gdc_wait()
-    x_cols = x_ptr + r[None, :] * K  # [1, 16]: x^T's columns are the rows
-    res_cols = res_ptr + r[None, :] * K
-    rstd = tl.zeros([16], tl.float32)
-    if NORM:
-        # Each row's sum of squares over fixed chunks of BLOCK_K inputs, in order; the first
-        # program of the row tile writes the rounded residual sum.
-        squares = tl.zeros([BLOCK_K, 16], tl.float32)
-        writer = (pid_n == 0) & (pid_k == 0)
-        for chunk in range(0, trip_count(NORM_STEPS, NORM_STEPS)):
-            k = chunk * BLOCK_K + kk
-            ok = (k < K)[:, None] & r_ok[None, :]
-            xs = tl.load(x_cols + k[:, None], mask=ok, other=0.0).to(tl.float32)  # [BK, 16]
-            if ADD_RES:
-                xs = (xs + tl.load(res_cols + k[:, None], mask=ok, other=0.0).to(tl.float32))
-                xs = xs.to(dtype).to(tl.float32)
-                tl.store(sum_ptr + r[None, :] * K + k[:, None], xs.to(dtype), mask=ok & writer)
-            squares += xs * xs
-        rstd = tl.rsqrt(tl.sum(squares, 0) / K + eps)  # [16]
     acc = tl.zeros([BLOCK_N, 16], tl.float32)
     acc_u = tl.zeros([BLOCK_N, 16], tl.float32)
-    for step in range(0, trip_count(steps, INTERPRETED_STEPS)):
-        k = first + step * BLOCK_K + kk
-        k_ok = k < K
-        # the next step's weights, in flight while this step computes (the last step reads its
-        # own tile again rather than test a mask)
-        ahead = k + BLOCK_K * (step + 1 < steps).to(tl.int32)
-        ahead_ok = n_ok[:, None] & (ahead < K)[None, :]
-        w_next = load(rows + ahead[None, :], ahead_ok, EVEN)
-        u_next = w_next
-        if GATED:
-            u_next = load(up_rows + ahead[None, :], ahead_ok, EVEN)
-        ok = k_ok[:, None] & r_ok[None, :]
-        xt = tl.load(x_cols + k[:, None], mask=ok, other=0.0)  # [BK, 16]
-        if NORM:
-            xf = xt.to(tl.float32)
-            if ADD_RES:
-                xf = (xf + tl.load(res_cols + k[:, None], mask=ok, other=0.0).to(tl.float32))
-                xf = xf.to(dtype).to(tl.float32)
-            xf = xf * rstd[None, :] * load(norm_ptr + k, k_ok, EVEN).to(tl.float32)[:, None]
-            xt = xf.to(dtype)
-        xt = xt.to(dtype)
-        acc = tl.dot(w, xt, acc, input_precision="ieee")  # [BN, 16]
-        if GATED:
-            acc_u = tl.dot(u, xt, acc_u, input_precision="ieee")
-        w = w_next
-        u = u_next
+    squares = tl.zeros([16], tl.float32)
+    total = trip_count(steps, INTERPRETED_STEPS)
+    if STAGES == 0:
+        # the next step's weights in registers while this step computes (the last step reads
+        # its own tile again rather than test a mask)
+        for step in range(0, total):
+            k = first + step * BLOCK_K + kk
+            ahead = k + BLOCK_K * (step + 1 < steps).to(tl.int32)
+            ahead_ok = n_ok[:, None] & (ahead < K)[None, :]
+            w_next = load(rows + ahead[None, :], ahead_ok, EVEN)
+            u_next = w_next
+            if GATED:
+                u_next = load(up_rows + ahead[None, :], ahead_ok, EVEN)
+            acc, acc_u, squares = _accumulate(w, u, k, acc, acc_u, squares, r, r_ok, x_cols,
+                                              res_cols, norm_ptr, sum_ptr, K, writer, dtype,
+                                              NORM, ADD_RES, GATED, EVEN)
+            w = w_next
+            u = u_next
+    else:
+        # the first step on the tile loaded above; the rest through Triton's software pipeline,
+        # STAGES - 1 steps' tiles in flight into shared memory
+        acc, acc_u, squares = _accumulate(w, u, k, acc, acc_u, squares, r, r_ok, x_cols, res_cols,
+                                          norm_ptr, sum_ptr, K, writer, dtype, NORM, ADD_RES,
+                                          GATED, EVEN)
+        for step in tl.range(1, total, num_stages=STAGES):
+            k = first + step * BLOCK_K + kk
+            w_ok = n_ok[:, None] & (k < K)[None, :]
+            w = load(rows + k[None, :], w_ok, EVEN)
+            u = w
+            if GATED:
+                u = load(up_rows + k[None, :], w_ok, EVEN)
+            acc, acc_u, squares = _accumulate(w, u, k, acc, acc_u, squares, r, r_ok, x_cols,
+                                              res_cols, norm_ptr, sum_ptr, K, writer, dtype,
+                                              NORM, ADD_RES, GATED, EVEN)
     if PDL:  # the next kernel may launch now: its first tile of weights loads under this tail
         gdc_launch_dependents()
+    if NORM:
+        rstd = tl.rsqrt(squares / K + eps)[None, :]  # [1, 16]
+        acc = acc * rstd
+        acc_u = acc_u * rstd
     m = r[None, :]  # [1, 16] against n [BN, 1]: _finish's elementwise epilogue on the tile
     nn = n[:, None]
     ok = n_ok[:, None] & r_ok[None, :]
@@ -168,12 +191,13 @@ def _rows_kernel(
             tl.atomic_xchg(counters_ptr + tile, 0)  # ready for the next launch
 
 
-def pick_config(n: int, k: int, gated: bool) -> Config:
-    """Tiles by the product's shape alone (never by its rows): 16 outputs per program, 256
-    inputs per loop step, the inputs split in two past 4096 of them where the outputs leave
-    counters for it."""
-    split = 2 if k > 4096 and split_fits(triton.cdiv(n, 16)) else 1
-    return Config(16, 256, split, num_warps=4)
+def pick_config(n: int, k: int, gated: bool, norm: bool = False) -> Config:
+    """Tiles by the product's shape alone, never by its rows (measured on an H100 at the 1B and
+    8B shapes, docs/fast-path.md): 32 outputs x 256 inputs for products with RMSNorm in their
+    prologue, 64 x 128 for an LM head's many outputs, 16 x 512 for the rest."""
+    if norm:
+        return Config(64, 128) if n > 32768 and not gated else Config(32, 256)
+    return Config(16, 512)
 
 
 def rows_product(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm: Tensor | None = None,
@@ -185,7 +209,7 @@ def rows_product(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm:
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     if config is None:
-        config = pick_config(n, k, gated)
+        config = pick_config(n, k, gated, norm is not None)
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k, triton.cdiv(m, ROWS))
     if config.split_k > 1:
@@ -196,6 +220,9 @@ def rows_product(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm:
         partial = counters = out  # unused
     if residual is not None and sum_out is None:
         raise ValueError("a residual added in the prologue needs sum_out for the sum")
+    if norm is not None and config.split_k > 1:
+        raise ValueError("a product with RMSNorm in its prologue runs unsplit: each program needs "
+                         "every input of its rows for their norm")
     blocks = triton.cdiv(k, config.block_k)
     steps = triton.cdiv(blocks, config.split_k)
     pdl = uses_pdl(x.device)
@@ -206,7 +233,7 @@ def rows_product(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm:
         unused if add is None else add, out, partial, counters, m, n, k, steps, eps,
         NORM=norm is not None, ADD_RES=residual is not None, HAS_BIAS=bias is not None,
         GATED=gated, ADD_OUT=add is not None, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT_K=config.split_k, INTERPRETED_STEPS=steps if INTERPRETED else 0, NORM_STEPS=blocks,
+        SPLIT_K=config.split_k, STAGES=config.stages, INTERPRETED_STEPS=steps if INTERPRETED else 0,
         EVEN=n % config.block_n == 0 and k % config.block_k == 0 and blocks % config.split_k == 0,
         PDL=pdl, num_warps=config.num_warps, launch_pdl=pdl,
     )

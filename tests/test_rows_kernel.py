@@ -6,11 +6,14 @@ step against plain one-token steps of the same tokens, bit for bit."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 
 import pytest
 
 import tinyinfer
-from tests.interpreted import run_interpreted
+from tests.interpreted import REPO, run_interpreted
 from tinyinfer.errors import TinyInferError
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
@@ -142,3 +145,16 @@ def test_batch_invariant_needs_the_fused_products(oracle_model):
     assert tinyinfer.load(folder, runner="torch", device="cpu").runner.describe()["batch_invariant"] is False
     with pytest.raises(TinyInferError, match="batch_invariant needs the fused products"):
         tinyinfer.load(folder, runner="torch", device="cpu", batch_invariant=True)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "tinyinfer: error: --batch-invariant applies to the torch runner: add --runner torch"),
+    (["--runner", "torch", "--device", "cpu"], "tinyinfer: error: batch_invariant needs the fused products"),
+])
+def test_batch_invariant_flag_errors_in_one_line(extra, message):
+    done = subprocess.run([sys.executable, "-m", "tinyinfer", "generate", "hi", "--batch-invariant", *extra],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode != 0 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), done.stderr

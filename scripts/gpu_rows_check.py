@@ -167,7 +167,7 @@ def steps(shape: str, device: torch.device) -> dict:
     config, _ = bs.shape_config(shape, 1024)
     weights = random_weights(config, str(device), "bfloat16")
     out = {}
-    for choice, invariant in (("triton", False), ("triton", True), ("triton", False)):
+    for choice, invariant in (("triton", False), ("triton", True)):
         name = f"{choice}{' batch_invariant' if invariant else ''}"
         name += " again" if name in out else ""
         try:

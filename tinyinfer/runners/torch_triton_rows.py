@@ -192,12 +192,16 @@ def _rows_kernel(
 
 
 def pick_config(n: int, k: int, gated: bool, norm: bool = False) -> Config:
-    """Tiles by the product's shape alone, never by its rows (measured on an H100 at the 1B and
-    8B shapes, docs/fast-path.md): 32 outputs x 256 inputs for products with RMSNorm in their
-    prologue, 64 x 128 for an LM head's many outputs, 16 x 512 for the rest."""
+    """Tiles by the product's shape alone, never by its rows: the fastest measured on an H100 at
+    the 1B and 8B shapes, at 1 and 5 rows alike (docs/fast-path.md). A product with RMSNorm in
+    its prologue normalises a [BLOCK_K, 16] tile of x per step, as much arithmetic as its weight
+    tile at 16 outputs, so it takes 64 outputs a program and short steps; the rest take 16 x 512,
+    pipelined past 4096 inputs (the down products)."""
+    if norm and gated:
+        return Config(64, 128) if k >= 4096 else Config(64, 64, stages=4)
     if norm:
-        return Config(64, 128) if n > 32768 and not gated else Config(32, 256)
-    return Config(16, 512)
+        return Config(64, 128) if n > 32768 else Config(64, 64, stages=4)  # an LM head; q|k|v
+    return Config(16, 512, stages=3 if k > 4096 else 0)
 
 
 def rows_product(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm: Tensor | None = None,

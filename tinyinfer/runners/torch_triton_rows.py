@@ -1,4 +1,4 @@
-"""Batch-invariant fused decode products for 1..16 rows a tile, on the matrix units (GPU only).
+"""Batch-invariant fused decode products for 1..17 rows, on the matrix units (GPU only).
 
 Imported only where Triton is installed. A verification step scores k + 1 tokens of a sequence
 at once; for speculative greedy decoding to give plain greedy decoding's tokens in bf16, every
@@ -13,21 +13,29 @@ row's rounding depends on how many rows share the step. Here nothing does:
   16 drafted tokens has 17) are a second row tile running the same code;
 * an MMA computes each output element from its own row and column alone, in an order fixed by
   the instruction, so a row's results do not depend on the other rows' values or on its place
-  in the tile; tiles, splits and warps depend on the product's shape only, never on M: one
-  compiled kernel, one order of every sum, whatever M is;
-* the prologues and epilogues are ``torch_triton_gemv``'s (the residual add and RMSNorm before
-  the product, bias, residual add, SiLU·mul after it, the last norm inside the LM head), with
-  each row's RMS summed over fixed chunks of its inputs; split K adds the float32 partials in a
-  fixed order, as there.
+  in the tile; tiles, splits, warps and pipeline depth depend on the product's shape only,
+  never on M: one compiled kernel, one order of every sum, whatever M is;
+* the epilogues are ``torch_triton_gemv``'s (bias, residual add, SiLU·mul, float32 logits);
+  the prologue adds the residual and applies RMSNorm, but as 1/rms times the product of the
+  weights with round(x * g) rather than the product with round(x * g / rms): the sum of squares
+  is taken in the product's own loop, so no program walks its rows' inputs twice (a separate
+  pass cost up to 6 us per product at one row). Products with a norm are never split, since
+  each program needs all of its rows' inputs; the others split K as ``torch_triton_gemv`` does,
+  adding float32 partials in a fixed order.
 
 The decode attention kernel already computes a row the same way whatever q is, and embedding,
 RoPE and the greedy argmax are per row, so a verification step through these products gives
-plain decoding's logits bit for bit (``tests/test_rows_kernel.py`` checks rows computed 5 and
-17 at a time against the same rows one at a time).
+the logits of plain one-row steps through them bit for bit (``tests/test_rows_kernel.py``;
+``scripts/gpu_rows_check.py`` on a GPU).
 
-At one row the kernel streams the same weights as the matrix-vector kernel of
-``torch_triton_gemv`` and multiplies them by 15 rows of zeros besides; the matrix units make
-that extra arithmetic free next to the weight stream, which is what bounds a decode step.
+Why one-row steps keep ``torch_triton_gemv`` by default: at one row this kernel multiplies 15
+rows of zeros besides the real one, which the matrix units make nearly free, but it normalises
+a [BLOCK_K, 16] tile of x in every program (as much arithmetic as a 16-output weight tile, hence
+64 outputs a program for products with a norm, and fewer programs) and its small products run
+further from the copy bandwidth. Measured on an H100 (docs/fast-path.md), a one-row step took
+22 % (1B shape) and 6 % (8B) longer than through the matrix-vector kernels, far from the 2 %
+that would have made it the one path; so the runner's ``batch_invariant`` option sends one-row
+steps here too, for exactness, and by default only steps of 2..17 rows come here.
 """
 
 from __future__ import annotations
@@ -44,7 +52,12 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from tinyinfer.runners import torch_triton_gemv as gemv_kernels
 from tinyinfer.runners.torch_triton import uses_pdl
 from tinyinfer.runners.torch_triton_gemv import _finish
-from tinyinfer.runners.triton_common import INTERPRETED, load, split_counters, trip_count
+from tinyinfer.runners.triton_common import (
+    INTERPRETED,
+    load,
+    split_counters,
+    trip_count,
+)
 
 ROWS = 16  # rows a program multiplies: tl.dot's smallest dimension
 
@@ -126,7 +139,7 @@ def _rows_kernel(
     if STAGES == 0:
         # the next step's weights in registers while this step computes (the last step reads
         # its own tile again rather than test a mask)
-        for step in range(0, total):
+        for step in range(total):
             k = first + step * BLOCK_K + kk
             ahead = k + BLOCK_K * (step + 1 < steps).to(tl.int32)
             ahead_ok = n_ok[:, None] & (ahead < K)[None, :]

@@ -361,9 +361,10 @@ class TorchRunner:
         rows = len(step.token_ids)
         if step.prefills:
             fns = self._eager
+        elif rows == 1 and self._fused_fns is not None and not self.batch_invariant:
+            fns, attend = self._fused_fns, self._fused_attention
         elif self._rows_fns is not None and rows <= FUSED_MAX_ROWS:
-            fns = self._fused_fns if rows == 1 and not self.batch_invariant else self._rows_fns
-            attend = self._fused_attention
+            fns, attend = self._rows_fns, self._fused_attention
         attention_input, mlp_block, final_logits = fns
         w = self.w
         x = layers.embedding(w.embed, step.token_ids, self.dtype)  # [T, D]

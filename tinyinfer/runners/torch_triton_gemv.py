@@ -262,4 +262,4 @@ def final_logits(x: Tensor, residual: Tensor, norm_w: Tensor, norm_b: Tensor | N
                  head: Tensor, eps: float, *, product: Callable[..., Tensor] = gemv) -> Tensor:
     """``torch_layers.final_logits`` in one kernel: last residual add, RMSNorm, LM head, float32."""
     return product(x, head, norm=norm_w, residual=residual, sum_out=torch.empty_like(x), eps=eps,
-                out_dtype=torch.float32)
+                   out_dtype=torch.float32)

@@ -9,12 +9,14 @@ Sections (each writes its results to OUT/gpu_spec_bench.json as soon as it finis
 
 * checks   the paged decode kernel with q = 5 query rows per sequence against the torch
            version, and row for row against q = 1 (bit equality); a verification step through
-           a CUDA graph against the same step eager; bf16 greedy speculative vs plain decoding
-           of the bundled pair, token for token
+           a CUDA graph against the same step eager
 * bundled  plain vs speculative decoding of the bundled pair (draft model drafter, k = 2, 4)
 * oracle   llama-3-8b shape (random weights) as target, the llama-3.2-1b shape as draft model,
            the oracle drafter at acceptance 0.6 / 0.8 / 0.9 x k = 2 / 4 / 8, each against the
            simulator's closed form at the measured costs; the draft shape's own plain step time
+* exactness bf16 greedy speculative vs plain decoding, token for token: the bundled pair with
+           and without batch_invariant (every prompt, k = 2, 4, 8), and the oracle's target shape
+           with batch_invariant (the oracle drafter over the draft shape, timed as well)
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from tinyinfer.runners.runner import make_batch
 from tinyinfer.sampling import SamplingParams
 from tinyinfer.speculative import DraftModelDrafter
 
-SECTIONS = ("checks", "bundled", "oracle")
+SECTIONS = ("checks", "bundled", "oracle", "exactness")
 ARGS = argparse.Namespace()
 SAVE = [lambda: None]  # writes the results so far
 
@@ -115,27 +117,52 @@ def check_graphs(results: dict) -> None:
     log(f"  verify graph vs eager: {results['graph_vs_eager']}, graphs for q = {results['graph_check_captured_q']}")
 
 
-def check_exactness(results: dict) -> None:
-    """bf16 greedy: speculative (bundled draft model, k = 4) vs plain, token for token."""
-    target = load("bundled", runner="torch", device="cuda", dtype="bfloat16")
-    draft = load("bundled-draft", runner="torch", device="cuda", dtype="bfloat16")
-    prompts = bench.speculative_prompts(target, "continue")
+def first_differences(plain: list[list[int]], spec: list[list[int]]) -> dict:
+    """Token for token: how many outputs are identical, and where each first differs."""
+    first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(plain, spec)]
+    return {"identical_prompts": sum(f == len(x) for f, x in zip(first, plain)), "prompts": len(plain),
+            "tokens_before_first_difference": first,
+            "matching_prefix_share": sum(first) / sum(len(x) for x in plain)}
+
+
+def exactness(results: dict) -> None:
+    """bf16 greedy, speculative vs plain, token for token, with and without batch_invariant:
+    the bundled pair (its draft model, k = 2, 4, 8; every prompt), then the target shape with
+    the oracle drafter over the draft shape (a = 0.8, k = 4 and a = 0.6, k = 8), timed too."""
+    out: dict = {}
+    results["exactness"] = out
     params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
-    plain = [c.token_ids for c in Engine(target, max_num_seqs=1).generate(prompts, params)]
-    out = {}
-    for k in (2, 4):
-        engine = Engine(target, max_num_seqs=1, drafter=DraftModelDrafter(draft), num_draft=k)
-        spec = [engine.generate([p], params)[0].token_ids for p in prompts]
-        first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(plain, spec)]
-        out[f"k={k}"] = {"identical_prompts": sum(f == len(x) for f, x in zip(first, plain)),
-                         "prompts": len(prompts), "tokens_before_first_difference": first,
-                         "matching_prefix_share": sum(first) / sum(len(x) for x in plain)}
-        log(f"  bf16 spec (k={k}) vs plain: {out[f'k={k}']}")
-    results["bf16_exactness"] = out
+    draft = load("bundled-draft", runner="torch", device="cuda", dtype="bfloat16")
+    for invariant in (True, False):
+        target = load("bundled", runner="torch", device="cuda", dtype="bfloat16", batch_invariant=invariant)
+        prompts = bench.speculative_prompts(target, "continue")
+        plain = [c.token_ids for c in Engine(target, max_num_seqs=1).generate(prompts, params)]
+        for k in (2, 4, 8) if invariant else (4,):
+            engine = Engine(target, max_num_seqs=1, drafter=DraftModelDrafter(draft), num_draft=k)
+            spec = [engine.generate([p], params)[0].token_ids for p in prompts]
+            key = f"bundled k={k} batch_invariant={invariant}"
+            out[key] = first_differences(plain, spec)
+            log(f"  bf16 spec vs plain, {key}: {out[key]}")
+        SAVE[0]()
+    del draft, target
+    gc.collect()
+    small, _ = bs.shape_models(ARGS.draft, ARGS.device, ARGS.dtype)
+    big, _ = bs.shape_models(ARGS.target, ARGS.device, ARGS.dtype, batch_invariant=True)
+    prompts = bench.speculative_prompts(big, "continue", ARGS.prompts or 4)
+    plain = bench.greedy_alone(Engine(big, max_num_seqs=1, detail="none"), prompts, ARGS.tokens)
+    out["target_plain_step_ms_batch_invariant"] = 1e3 * plain[1] / sum(len(o) for o in plain[0])
+    for alpha, k in ((0.8, 4), (0.6, 8)):
+        r = bench.bench_speculative(big, OracleDrafter(small, alpha, seed=1), prompts, ARGS.tokens, k,
+                                    plain=plain)
+        key = f"{ARGS.target} oracle a={alpha} k={k} batch_invariant=True"
+        out[key] = {**dataclasses.asdict(r), "speedup": r.speedup}
+        SAVE[0]()
+        log(f"  {key}: identical {r.identical}, {r.speedup:.2f}x, acceptance {r.token_acceptance:.3f}, "
+            f"draft {r.draft_step_ms:.2f} ms, verify {r.verify_ms:.2f} ms, plain {r.plain_step_ms:.2f} ms")
 
 
 def checks(results: dict) -> None:
-    for part in (check_kernel, check_graphs, check_exactness):
+    for part in (check_kernel, check_graphs):
         try:
             part(results)
         except Exception:
@@ -178,6 +205,7 @@ def oracle(results: dict) -> None:
             SAVE[0]()
             gc.collect()
             log(f"  oracle a={alpha} k={k}: {r.speedup:.2f}x (closed form {r.closed_form_speedup:.2f}x), "
+                f"identical {r.identical}, "
                 f"acceptance {r.token_acceptance:.3f}, draft {r.draft_step_ms:.2f} ms, verify "
                 f"{r.verify_ms:.2f} ms, rest {r.other_ms:.2f} ms, plain {r.plain_step_ms:.2f} ms")
     again = bench.greedy_alone(Engine(big, max_num_seqs=1, detail="none"), prompts, tokens)

@@ -62,7 +62,8 @@ print('ok')
 def test_runner_decodes_through_the_fused_products_as_through_torch(name, oracle_model):
     """Prefill, then batch-1 decode steps: with the fused products swapped in (the runner takes
     decode_products="triton" only on CUDA), the same float32 logits as the torch path; a batch
-    of two rows stays on the torch path."""
+    of two rows stays on the torch path here (on CUDA the row kernel takes it:
+    test_rows_kernel.py)."""
     folder, _ = oracle_model(name)
     a, b = [0, 1, 2, 3], [4, 5, 6, 7]
     steps = [[([5, 9, 2, 11, 3, 8], 0, a, False), ([4, 4, 1], 0, b, False)]]

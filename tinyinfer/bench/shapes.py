@@ -87,13 +87,14 @@ def random_quantized(shape: tuple[int, int], qconfig: QuantConfig, rng: np.rando
 
 def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
                  with_peer: bool = False, quantize: str | None = None,
-                 quantize_head: bool = False, kv_cache_dtype: str = "auto") -> tuple[Model, Any]:
+                 quantize_head: bool = False, kv_cache_dtype: str = "auto",
+                 **runner_options: Any) -> tuple[Model, Any]:
     """Our torch model of a preset shape, and (if asked) a transformers model with the same weights.
 
     ``quantize`` draws the linear layers (with ``quantize_head`` the embedding and LM head too)
     as random codes of that format (one draw per matrix shape, each layer its own copy on the
     device), the rest of the weights random floats. ``kv_cache_dtype`` is the runner's K/V
-    storage ("auto" or "int8").
+    storage ("auto" or "int8"); ``runner_options`` go to the TorchRunner (batch_invariant).
     """
     import torch
 
@@ -123,7 +124,8 @@ def shape_models(name: str, device: str, dtype: str, max_len: int = 2048,
         for key in [k for k in weights if qconfig.applies_to(k)]:
             shape = tuple(weights[key].shape)
             weights[key] = drawn.setdefault(shape, random_quantized(shape, qconfig, rng))
-    runner = TorchRunner(config, weights, device=device, dtype=dtype, kv_cache_dtype=kv_cache_dtype)
+    runner = TorchRunner(config, weights, device=device, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                         **runner_options)
     return Model(config=config, runner=runner, path=Path(name), name=name, quantization=qconfig), peer
 
 
@@ -169,11 +171,12 @@ def require_transformers() -> None:
 
 def folder_models(source: str, runner: str, device: str | None, dtype: str | None,
                   with_peer: bool, quantize: str | None = None,
-                  quantize_head: bool = False, kv_cache_dtype: str = "auto") -> tuple[Model, Any]:
+                  quantize_head: bool = False, kv_cache_dtype: str = "auto",
+                  **runner_options: Any) -> tuple[Model, Any]:
     """A checkpoint (folder, GGUF file or name) for our runner, quantized as it loads if asked
     (``none``: a quantized file's weights as floats), and transformers on the same files."""
     model = load(source, runner=runner, device=device, dtype=dtype, quantize=quantize,
-                 quantize_head=quantize_head, kv_cache_dtype=kv_cache_dtype)
+                 quantize_head=quantize_head, kv_cache_dtype=kv_cache_dtype, **runner_options)
     peer = None
     if with_peer:
         import torch

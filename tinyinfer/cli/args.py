@@ -32,6 +32,11 @@ def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") ->
                         help="split the model over N processes (GPUs with NCCL, CPU with gloo); "
                              "torch runner")
     add_kv_cache_dtype_arg(parser)
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="torch runner on CUDA: compute each row of a decode step as it is "
+                             "computed alone (every step of 1..17 rows through the batch-invariant "
+                             "products), so speculative greedy output is plain greedy output in "
+                             "bf16 too; costs speed at one row (docs/fast-path.md)")
     parser.add_argument("--all-reduce", choices=("auto", "nccl", "symm_mem"), default=None,
                         help="how tensor-parallel ranks sum partial results: nccl, or symm_mem "
                              "(one kernel reading the peers' buffers over NVLink; CUDA), or auto "
@@ -83,6 +88,18 @@ def sampling_params(args: argparse.Namespace, stop: tuple[str, ...] = ()):
     )
 
 
+def runner_options(args: argparse.Namespace) -> dict[str, object]:
+    """The torch runner's options the flags name (--batch-invariant, and the ranks' options)."""
+    from tinyinfer.errors import TinyInferError
+
+    options = tensor_parallel_options(args)
+    if args.batch_invariant:
+        if args.runner != "torch":
+            raise TinyInferError("--batch-invariant applies to the torch runner: add --runner torch")
+        options["batch_invariant"] = True
+    return options
+
+
 def tensor_parallel_options(args: argparse.Namespace) -> dict[str, object]:
     """The ranks' runner options the flags name (--all-reduce, --time-collectives)."""
     from tinyinfer.errors import TinyInferError
@@ -105,4 +122,4 @@ def load_model(args: argparse.Namespace):
     return tinyinfer.load(args.model, runner=args.runner, device=args.device, dtype=args.dtype,
                           quantize=args.quantize, quantize_head=args.quantize_head,
                           tensor_parallel=args.tensor_parallel, kv_cache_dtype=args.kv_cache_dtype,
-                          **tensor_parallel_options(args))
+                          **runner_options(args))

@@ -18,6 +18,7 @@ from tinyinfer.cli.args import (
     add_model_args,
     add_sampling_args,
     load_model,
+    runner_options,
     sampling_params,
     tensor_parallel_options,
 )
@@ -195,13 +196,14 @@ def _bench_shapes(args: argparse.Namespace) -> int:
         else:
             model, peer = bs.shape_models(args.preset, device, dtype, with_peer=with_peer,
                                           quantize=args.quantize, quantize_head=args.quantize_head,
-                                          kv_cache_dtype=args.kv_cache_dtype)
+                                          kv_cache_dtype=args.kv_cache_dtype,
+                                          batch_invariant=args.batch_invariant)
     elif args.tensor_parallel > 1:
         model, peer = load_model(args), None
     else:
         model, peer = bs.folder_models(args.model, args.runner, args.device, args.dtype, with_peer,
                                        quantize=args.quantize, quantize_head=args.quantize_head,
-                                       kv_cache_dtype=args.kv_cache_dtype)
+                                       kv_cache_dtype=args.kv_cache_dtype, **runner_options(args))
     print(f"model {model.name}, runner {model.runner.name}", file=sys.stderr)
     if args.peer == "llama.cpp" and not is_gguf(model.path):
         raise TinyInferError(f"--peer llama.cpp runs GGUF files; {model.name} is a model folder")

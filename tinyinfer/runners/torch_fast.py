@@ -55,11 +55,14 @@ from tinyinfer.runners.torch_weights import DeviceWeights, pick_device, pick_dty
 DECODE_ATTENTION = ("auto", "triton", "torch")
 PREFILL_ATTENTION = ("auto", "triton", "torch")
 DECODE_PRODUCTS = ("auto", "triton", "torch")
-# Decode steps of at most this many rows run the fused Triton products (decode_products="triton").
-FUSED_MAX_ROWS = 1
 # The most new tokens per sequence that a uniform batch may feed the decode path (and its CUDA
 # graphs): a verification step of the most draft tokens the engine allows, 16, plus one.
 MAX_DECODE_TOKENS = 17
+# Decode steps of at most this many rows run the fused Triton products (decode_products="triton"):
+# one row the matrix-vector kernels (torch_triton_gemv; with batch_invariant, the row kernel too),
+# 2..FUSED_MAX_ROWS -- a verification of up to 16 drafted tokens -- the batch-invariant row
+# kernel (torch_triton_rows), which computes each row as it computes a row alone.
+FUSED_MAX_ROWS = MAX_DECODE_TOKENS
 QUANT_KERNELS = ("auto", "triton", "torch")
 
 
@@ -119,7 +122,8 @@ class TorchRunner:
                  compile: bool | None = None, cuda_graphs: bool | None = None,
                  decode_attention: str = "auto", max_graph_batch: int = 256,
                  quant_kernel: str = "auto", kv_cache_dtype: str = "auto",
-                 prefill_attention: str = "auto", decode_products: str = "auto"):
+                 prefill_attention: str = "auto", decode_products: str = "auto",
+                 batch_invariant: bool = False):
         self.config = config
         self.kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype)
         self.device = pick_device(device)
@@ -153,14 +157,21 @@ class TorchRunner:
             dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
             self._decode_fns = tuple(torch.compile(fn) for fn in self._eager)
         self.decode_products = self._pick_decode_products(decode_products)
-        self._fused_fns = None
+        if batch_invariant and self.decode_products != "triton":
+            raise TinyInferError("batch_invariant needs the fused products (decode_products="
+                                 "'triton': CUDA, the triton package, RMSNorm, a gated MLP, "
+                                 "unquantized float16/bfloat16 weights)")
+        self.batch_invariant = bool(batch_invariant)
+        self._fused_fns = self._rows_fns = None
         # the decode attention beside the fused products: the Triton kernel launched so that it
         # may start as the q|k|v product ends (programmatic dependent launch, where the card has it)
         self._fused_attention = self.decode_attention
         if self.decode_products == "triton":
             from tinyinfer.runners import torch_triton_gemv as gemv
+            from tinyinfer.runners import torch_triton_rows as rows
 
             self._fused_fns = (gemv.attention_input, gemv.mlp_block, gemv.final_logits)
+            self._rows_fns = (rows.attention_input, rows.mlp_block, rows.final_logits)
             if self.decode_attention_kind == "triton":
                 self._fused_attention = functools.partial(self.decode_attention, pdl=True)
         self._greedy_reduce = torch.compile(greedy_reduce) if self.compile else greedy_reduce
@@ -253,6 +264,7 @@ class TorchRunner:
             "prefill_attention": self.prefill_attention_kind,
             "quant_kernel": self.quant_kernel,
             "decode_products": self.decode_products,
+            "batch_invariant": self.batch_invariant,
         }
 
     # ------------------------------------------------------------------ protocol
@@ -342,12 +354,17 @@ class TorchRunner:
         """Embed, run every layer, and return float32 logits for the step's logits rows."""
         # Decode steps (memory-bound, many small kernels) run the compiled functions; prefill
         # chunks (compute-bound, shapes that vary every step) run them eager.
-        # Batch-1 decode steps run the fused Triton products where they apply.
+        # Decode steps of up to FUSED_MAX_ROWS rows run the fused Triton products where they
+        # apply: the batch-invariant row kernel, or at one row the matrix-vector kernel unless
+        # every step must compute a row as a verification step does (batch_invariant).
         fns, attend = self._decode_fns, self.decode_attention
+        rows = len(step.token_ids)
         if step.prefills:
             fns = self._eager
-        elif self._fused_fns is not None and len(step.token_ids) <= FUSED_MAX_ROWS:
+        elif rows == 1 and self._fused_fns is not None and not self.batch_invariant:
             fns, attend = self._fused_fns, self._fused_attention
+        elif self._rows_fns is not None and rows <= FUSED_MAX_ROWS:
+            fns, attend = self._rows_fns, self._fused_attention
         attention_input, mlp_block, final_logits = fns
         w = self.w
         x = layers.embedding(w.embed, step.token_ids, self.dtype)  # [T, D]

@@ -33,7 +33,7 @@ order and applies the epilogue.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import triton
@@ -241,21 +241,24 @@ def applies(gated: bool, norm_biases: list[Tensor | None], weights: list[object]
 
 
 def attention_input(x: Tensor, residual: Tensor, norm_w: Tensor, norm_b: Tensor | None,
-                    qkv_w: Tensor, qkv_b: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
-    """``torch_layers.attention_input`` in one kernel: x + residual, RMSNorm, q|k|v product."""
+                    qkv_w: Tensor, qkv_b: Tensor | None, eps: float, *,
+                    product: Callable[..., Tensor] = gemv) -> tuple[Tensor, Tensor]:
+    """``torch_layers.attention_input`` in one kernel: x + residual, RMSNorm, q|k|v product.
+    ``product``: gemv's contract (``torch_triton_rows.rows_product``: batch-invariant rows)."""
     total = torch.empty_like(x)
-    qkv = gemv(x, qkv_w, qkv_b, norm=norm_w, residual=residual, sum_out=total, eps=eps)
+    qkv = product(x, qkv_w, qkv_b, norm=norm_w, residual=residual, sum_out=total, eps=eps)
     return total, qkv
 
 
 def mlp_block(x: Tensor, attn: Tensor, o_w: Tensor, o_b: Tensor | None, norm_w: Tensor,
               norm_b: Tensor | None, in_w: Tensor, in_b: Tensor | None, out_w: Tensor,
-              out_b: Tensor | None, eps: float, gated: bool) -> tuple[Tensor, Tensor]:
+              out_b: Tensor | None, eps: float, gated: bool, *,
+              product: Callable[..., Tensor] = gemv) -> tuple[Tensor, Tensor]:
     """``torch_layers.mlp_block`` (gated) in three kernels: o product + residual add; RMSNorm,
     gate|up product, silu(gate) * up; down product."""
-    x = gemv(attn, o_w, o_b, add=x)
-    h = gemv(x, in_w, in_b, norm=norm_w, eps=eps, gated=True)
-    return x, gemv(h, out_w, out_b)
+    x = product(attn, o_w, o_b, add=x)
+    h = product(x, in_w, in_b, norm=norm_w, eps=eps, gated=True)
+    return x, product(h, out_w, out_b)
 
 
 def mlp_after_attention(x: Tensor, attn_out: Tensor, norm_w: Tensor, norm_b: Tensor | None,
@@ -271,7 +274,7 @@ def mlp_after_attention(x: Tensor, attn_out: Tensor, norm_w: Tensor, norm_b: Ten
 
 
 def final_logits(x: Tensor, residual: Tensor, norm_w: Tensor, norm_b: Tensor | None,
-                 head: Tensor, eps: float) -> Tensor:
+                 head: Tensor, eps: float, *, product: Callable[..., Tensor] = gemv) -> Tensor:
     """``torch_layers.final_logits`` in one kernel: last residual add, RMSNorm, LM head, float32."""
-    return gemv(x, head, norm=norm_w, residual=residual, sum_out=torch.empty_like(x), eps=eps,
-                out_dtype=torch.float32)
+    return product(x, head, norm=norm_w, residual=residual, sum_out=torch.empty_like(x), eps=eps,
+                   out_dtype=torch.float32)

@@ -1,0 +1,160 @@
+"""The batch-invariant row products (runners/torch_triton_rows.py), run by Triton's CPU
+interpreter: each layer function against torch_layers' version of it; rows computed 5 and 17 at
+a time against the same rows computed one at a time, bit for bit; and a runner's verification
+step against plain one-token steps of the same tokens, bit for bit."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tinyinfer
+from tests.interpreted import REPO, run_interpreted
+from tinyinfer.errors import TinyInferError
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="triton is not installed; scripts/gpu_rows_check.py runs "
+                                         "the kernel on a GPU")
+
+
+@needs_triton
+def test_row_products_match_torch_layers_in_interpreter():
+    """float32, sizes that fill no tile evenly, 1, 5 and 17 rows (two row tiles), with and
+    without biases, weights through registers or Triton's pipeline, one split and several (for
+    products without a norm): the same outputs as torch_layers (the residual sums bit for bit)."""
+    code = """
+import torch
+from tinyinfer.runners import torch_layers as L
+from tinyinfer.runners import torch_triton_rows as R
+torch.manual_seed(0)
+def close(a, b):
+    return float((a - b).norm() / b.norm()) < 1e-6
+for rows, bias in ((1, False), (5, True), (17, False)):
+    for config in (None, R.Config(16, 32, 2), R.Config(32, 16, 3, stages=3)):
+        normed = None if config is None else config._replace(split_k=1)
+        d, f, qkv_out, vocab = 96, 160, 144, 200
+        x, r, attn = torch.randn(rows, d), torch.randn(rows, d), torch.randn(rows, d)
+        norm = 1 + 0.1 * torch.randn(d)
+        w = {name: 0.1 * torch.randn(shape) for name, shape in
+             dict(qkv=(qkv_out, d), o=(d, d), up=(2 * f, d), down=(d, f), head=(vocab, d)).items()}
+        b = {name: torch.randn(w[name].shape[0]) if bias else None for name in w}
+        total = torch.empty_like(x)
+        got = R.rows_product(x, w['qkv'], b['qkv'], norm=norm, residual=r, sum_out=total, eps=1e-5,
+                             config=normed)
+        ref_x, ref = L.attention_input(x, r, norm, None, w['qkv'], b['qkv'], 1e-5)
+        assert torch.equal(total, ref_x) and close(got, ref), (rows, config)
+        got_x = R.rows_product(attn, w['o'], b['o'], add=x, config=config)
+        h = R.rows_product(got_x, w['up'], b['up'], norm=norm, eps=1e-5, gated=True, config=normed)
+        got = R.rows_product(h, w['down'], b['down'], config=config)
+        ref_x, ref = L.mlp_block(x, attn, w['o'], b['o'], norm, None, w['up'], b['up'], w['down'],
+                                 b['down'], 1e-5, True)
+        assert close(got_x, ref_x) and close(got, ref), (rows, config)
+        got = R.rows_product(x, w['head'], norm=norm, residual=r, sum_out=torch.empty_like(x),
+                             eps=1e-5, out_dtype=torch.float32, config=normed)
+        assert close(got, L.final_logits(x, r, norm, None, w['head'], 1e-5)), (rows, config)
+got_x, got = R.mlp_block(x, attn, w['o'], None, norm, None, w['up'], None, w['down'], None, 1e-5, True)
+ref_x, ref = L.mlp_block(x, attn, w['o'], None, norm, None, w['up'], None, w['down'], None, 1e-5, True)
+assert close(got_x, ref_x) and close(got, ref)
+print('ok')
+"""
+    run_interpreted(code)
+
+
+@needs_triton
+def test_rows_together_equal_rows_alone_bit_for_bit():
+    """Each product kind with its prologue and epilogue, weights through registers and through
+    Triton's pipeline: 5 and 17 rows in one launch give every row exactly what a launch of that
+    row alone gives. The comparison is bit for bit and can fail: the same rows through a
+    different order of the sum (the inputs split in two instead of one) differ in their last
+    bits."""
+    code = """
+import torch
+from tinyinfer.runners import torch_triton_rows as R
+torch.manual_seed(1)
+d, f = 96, 160
+norm = 1 + 0.1 * torch.randn(d)
+w = {name: 0.1 * torch.randn(shape) for name, shape in
+     dict(qkv=(144, d), o=(d, d), up=(2 * f, d), down=(d, f), head=(200, d)).items()}
+bias = torch.randn(144)
+def normed(x, config):
+    short = x[:, :d].contiguous()
+    r = torch.ones_like(short) * 0.5
+    return [R.rows_product(short, w['qkv'], bias, norm=norm, residual=r, sum_out=torch.empty_like(r),
+                           eps=1e-5, config=config),
+            R.rows_product(short, w['up'], norm=norm, eps=1e-5, gated=True, config=config),
+            R.rows_product(short, w['head'], norm=norm, residual=r, sum_out=torch.empty_like(r),
+                           eps=1e-5, out_dtype=torch.float32, config=config)]
+def plain(x, config):
+    short = x[:, :d].contiguous()
+    return [R.rows_product(short, w['o'], add=torch.ones_like(short) * 0.5, config=config),
+            R.rows_product(x, w['down'], config=config)]
+x = torch.randn(17, f)
+for config in (R.Config(16, 32), R.Config(32, 16, stages=3)):
+    for products in (normed, plain):
+        alone = [products(x[i:i + 1], config) for i in range(17)]
+        for m in (5, 17):
+            together = products(x[:m], config)
+            for kind, out in enumerate(together):
+                for i in range(m):
+                    assert torch.equal(out[i], alone[i][kind][0]), (config, m, kind, i)
+one_split = plain(x[:5], R.Config(16, 32))
+assert not all(torch.equal(a, b) for a, b in zip(plain(x[:5], R.Config(16, 32, 2)), one_split))
+print('ok')
+"""
+    run_interpreted(code)
+
+
+@needs_triton
+@pytest.mark.parametrize("name", ["llama-gqa-untied", "qwen2-bias"])
+def test_verification_step_equals_plain_steps_bit_for_bit(name, oracle_model):
+    """A runner with the row products and the Triton decode attention (as decode_products=
+    "triton" and batch_invariant=True give on CUDA): the logits of one verification step of 5
+    tokens are those of 5 plain one-token steps over the same tokens, bit for bit, and match
+    the torch path's."""
+    folder, _ = oracle_model(name)
+    code = (
+        "import functools\nimport numpy as np\nimport tinyinfer\n"
+        "from tinyinfer.runners.runner import make_batch\n"
+        "from tinyinfer.runners import torch_triton, torch_triton_rows as R\n"
+        f"ref, runner = (tinyinfer.load({str(folder)!r}, runner='torch', device='cpu').runner for _ in range(2))\n"
+        "runner._rows_fns = runner._fused_fns = (R.attention_input, R.mlp_block, R.final_logits)\n"
+        "runner.batch_invariant = True\n"
+        "runner.decode_attention = runner._fused_attention = functools.partial(\n"
+        "    torch_triton.paged_decode_attention, num_splits=2)\n"
+        "prompt, follow, table = [5, 9, 2, 11, 3, 8, 1], [7, 12, 4, 30, 2], [0, 1, 2, 3]\n"
+        "caches = [runner.new_kv_cache(8, 4) for _ in range(2)] + [ref.new_kv_cache(8, 4)]\n"
+        "for r, kv in zip((runner, runner, ref), caches):\n"
+        "    r.forward(make_batch([(prompt, 0, table, False)], 4), kv)\n"
+        "plain = np.concatenate([runner.forward(make_batch([([t], 7 + i, table, False)], 4), caches[0])\n"
+        "                        for i, t in enumerate(follow)])\n"
+        "verify = runner.forward(make_batch([(follow, 7, table, True)], 4), caches[1])\n"
+        "assert np.array_equal(plain, verify), np.abs(plain - verify).max()\n"
+        "torch_path = ref.forward(make_batch([(follow, 7, table, True)], 4), caches[2])\n"
+        "assert np.abs(verify - torch_path).max() <= 1e-5 * np.abs(torch_path).max()\n"
+        "print('ok')\n"
+    )
+    run_interpreted(code)
+
+
+def test_batch_invariant_needs_the_fused_products(oracle_model):
+    folder, _ = oracle_model("llama-gqa-untied")
+    assert tinyinfer.load(folder, runner="torch", device="cpu").runner.describe()["batch_invariant"] is False
+    with pytest.raises(TinyInferError, match="batch_invariant needs the fused products"):
+        tinyinfer.load(folder, runner="torch", device="cpu", batch_invariant=True)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "tinyinfer: error: --batch-invariant applies to the torch runner: add --runner torch"),
+    (["--runner", "torch", "--device", "cpu"], "tinyinfer: error: batch_invariant needs the fused products"),
+])
+def test_batch_invariant_flag_errors_in_one_line(extra, message):
+    done = subprocess.run([sys.executable, "-m", "tinyinfer", "generate", "hi", "--batch-invariant", *extra],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode != 0 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), done.stderr

@@ -62,8 +62,7 @@ print('ok')
 def test_runner_decodes_through_the_fused_products_as_through_torch(name, oracle_model):
     """Prefill, then batch-1 decode steps: with the fused products swapped in (the runner takes
     decode_products="triton" only on CUDA), the same float32 logits as the torch path; a batch
-    of two rows stays on the torch path here (on CUDA the row kernel takes it:
-    test_rows_kernel.py)."""
+    of two rows runs the row kernel (test_rows_kernel.py)."""
     folder, _ = oracle_model(name)
     a, b = [0, 1, 2, 3], [4, 5, 6, 7]
     steps = [[([5, 9, 2, 11, 3, 8], 0, a, False), ([4, 4, 1], 0, b, False)]]
@@ -72,9 +71,8 @@ def test_runner_decodes_through_the_fused_products_as_through_torch(name, oracle
     code = (
         "import numpy as np\nimport tinyinfer\n"
         "from tinyinfer.runners.runner import make_batch\n"
-        "from tinyinfer.runners import torch_triton_gemv as G\n"
         f"runners = [tinyinfer.load({str(folder)!r}, runner='torch', device='cpu').runner for _ in range(2)]\n"
-        "runners[1]._fused_fns = (G.attention_input, G.mlp_block, G.final_logits)\n"
+        "runners[1]._fused = runners[1]._fused_layer_fns()\n"
         "caches = [r.new_kv_cache(32, 4) for r in runners]\n"
         f"for entries in {steps!r}:\n"
         "    ref, got = (r.forward(make_batch(entries, 4), kv) for r, kv in zip(runners, caches))\n"
@@ -174,7 +172,7 @@ print('ok')
 def test_shard_decodes_through_the_fused_products_as_through_torch():
     """A shard's own layer loop (one rank, so no collectives to stand in for): prefill, then
     batch-1 decode steps through the fused products give the torch path's float32 logits; a
-    batch of two rows stays on the torch path."""
+    batch of two rows through the row kernel, the same."""
     a, b = [0, 1, 2, 3], [4, 5, 6, 7]
     steps = [[([5, 9, 2, 11, 3, 8], 0, a, False), ([4, 4, 1], 0, b, False)]]
     steps += [[([7 + i], 6 + i, a, False)] for i in range(3)]
@@ -184,13 +182,12 @@ def test_shard_decodes_through_the_fused_products_as_through_torch():
         "from tinyinfer.config import load_config\n"
         "from tinyinfer.model import BUNDLED\n"
         "from tinyinfer.runners.runner import make_batch\n"
-        "from tinyinfer.runners import torch_triton_gemv as G\n"
         "from tinyinfer.runners.tp.shard import ShardRunner\n"
         "from tinyinfer.weights import load_weights\n"
         "config = load_config(BUNDLED['bundled'])\n"
         "runners = [ShardRunner(config, load_weights(BUNDLED['bundled'], config), 0, 1, device='cpu') for _ in range(2)]\n"
         "assert runners[1].describe()['decode_products'] == 'torch'  # 'auto' on the CPU\n"
-        "runners[1]._shard_fused = (G.attention_input, G.gemv, G.mlp_after_attention, G.final_logits)\n"
+        "runners[1]._fused = runners[1]._fused_layer_fns()\n"
         "caches = [r.new_kv_cache(32, 4) for r in runners]\n"
         f"for entries in {steps!r}:\n"
         "    ref, got = (r.forward(make_batch(entries, 4), kv) for r, kv in zip(runners, caches))\n"

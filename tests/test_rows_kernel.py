@@ -119,9 +119,9 @@ def test_verification_step_equals_plain_steps_bit_for_bit(name, oracle_model):
     code = (
         "import functools\nimport numpy as np\nimport tinyinfer\n"
         "from tinyinfer.runners.runner import make_batch\n"
-        "from tinyinfer.runners import torch_triton, torch_triton_rows as R\n"
+        "from tinyinfer.runners import torch_triton\n"
         f"ref, runner = (tinyinfer.load({str(folder)!r}, runner='torch', device='cpu').runner for _ in range(2))\n"
-        "runner._rows_fns = runner._fused_fns = (R.attention_input, R.mlp_block, R.final_logits)\n"
+        "runner._fused = runner._fused_layer_fns()\n"
         "runner.batch_invariant = True\n"
         "runner.decode_attention = runner._fused_attention = functools.partial(\n"
         "    torch_triton.paged_decode_attention, num_splits=2)\n"

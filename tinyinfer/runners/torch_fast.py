@@ -162,16 +162,12 @@ class TorchRunner:
                                  "'triton': CUDA, the triton package, RMSNorm, a gated MLP, "
                                  "unquantized float16/bfloat16 weights)")
         self.batch_invariant = bool(batch_invariant)
-        self._fused_fns = self._rows_fns = None
         # the decode attention beside the fused products: the Triton kernel launched so that it
         # may start as the q|k|v product ends (programmatic dependent launch, where the card has it)
         self._fused_attention = self.decode_attention
+        self._fused: dict[str, tuple[Callable[..., Any], ...]] = {}
         if self.decode_products == "triton":
-            from tinyinfer.runners import torch_triton_gemv as gemv
-            from tinyinfer.runners import torch_triton_rows as rows
-
-            self._fused_fns = (gemv.attention_input, gemv.mlp_block, gemv.final_logits)
-            self._rows_fns = (rows.attention_input, rows.mlp_block, rows.final_logits)
+            self._fused = self._fused_layer_fns()
             if self.decode_attention_kind == "triton":
                 self._fused_attention = functools.partial(self.decode_attention, pdl=True)
         self._greedy_reduce = torch.compile(greedy_reduce) if self.compile else greedy_reduce
@@ -350,21 +346,33 @@ class TorchRunner:
 
     # ------------------------------------------------------------------ the model
 
-    def _forward_step(self, step: _Step, kv: TorchKVCache) -> Tensor:
-        """Embed, run every layer, and return float32 logits for the step's logits rows."""
-        # Decode steps (memory-bound, many small kernels) run the compiled functions; prefill
-        # chunks (compute-bound, shapes that vary every step) run them eager.
-        # Decode steps of up to FUSED_MAX_ROWS rows run the fused Triton products where they
-        # apply: the batch-invariant row kernel, or at one row the matrix-vector kernel unless
-        # every step must compute a row as a verification step does (batch_invariant).
-        fns, attend = self._decode_fns, self.decode_attention
+    def _fused_layer_fns(self) -> dict[str, tuple[Callable[..., Any], ...]]:
+        """The fused Triton layer functions (decode_products="triton"), by kind: "gemv", the
+        matrix-vector kernels for one-row steps; "rows", the batch-invariant row kernel."""
+        from tinyinfer.runners import torch_triton_gemv as gemv
+        from tinyinfer.runners import torch_triton_rows as rows
+
+        return {"gemv": (gemv.attention_input, gemv.mlp_block, gemv.final_logits),
+                "rows": (rows.attention_input, rows.mlp_block, rows.final_logits)}
+
+    def _layer_fns(self, step: _Step) -> tuple[tuple[Callable[..., Any], ...], Callable[..., Tensor]]:
+        """The layer functions a step runs, and its decode attention. Prefill chunks (compute-
+        bound, shapes that vary every step) run eager; decode steps (memory-bound, many small
+        kernels) run the compiled functions, or, up to FUSED_MAX_ROWS rows, the fused Triton
+        products where they apply: the batch-invariant row kernel, or at one row the matrix-
+        vector kernel unless every step must compute a row as a verification step does
+        (batch_invariant)."""
         rows = len(step.token_ids)
         if step.prefills:
-            fns = self._eager
-        elif rows == 1 and self._fused_fns is not None and not self.batch_invariant:
-            fns, attend = self._fused_fns, self._fused_attention
-        elif self._rows_fns is not None and rows <= FUSED_MAX_ROWS:
-            fns, attend = self._rows_fns, self._fused_attention
+            return self._eager, self.decode_attention
+        if self._fused and rows <= FUSED_MAX_ROWS:
+            kind = "gemv" if rows == 1 and not self.batch_invariant else "rows"
+            return self._fused[kind], self._fused_attention
+        return self._decode_fns, self.decode_attention
+
+    def _forward_step(self, step: _Step, kv: TorchKVCache) -> Tensor:
+        """Embed, run every layer, and return float32 logits for the step's logits rows."""
+        fns, attend = self._layer_fns(step)
         attention_input, mlp_block, final_logits = fns
         w = self.w
         x = layers.embedding(w.embed, step.token_ids, self.dtype)  # [T, D]

@@ -263,14 +263,15 @@ def mlp_block(x: Tensor, attn: Tensor, o_w: Tensor, o_b: Tensor | None, norm_w: 
 
 def mlp_after_attention(x: Tensor, attn_out: Tensor, norm_w: Tensor, norm_b: Tensor | None,
                         in_w: Tensor, in_b: Tensor | None, out_w: Tensor, out_b: Tensor | None,
-                        eps: float, gated: bool) -> tuple[Tensor, Tensor]:
+                        eps: float, gated: bool, *,
+                        product: Callable[..., Tensor] = gemv) -> tuple[Tensor, Tensor]:
     """A tensor-parallel shard's MLP (``tp.shard.mlp_after_attention``: its o product ends in an
     all-reduce, not in the residual add) in two kernels: the all-reduced attention output added
     to the residual stream and RMSNorm as the gate|up product's prologue, silu(gate) * up; the
     down product, plain (its partial sum is all-reduced next)."""
     total = torch.empty_like(x)
-    h = gemv(x, in_w, in_b, norm=norm_w, residual=attn_out, sum_out=total, eps=eps, gated=True)
-    return total, gemv(h, out_w, out_b)
+    h = product(x, in_w, in_b, norm=norm_w, residual=attn_out, sum_out=total, eps=eps, gated=True)
+    return total, product(h, out_w, out_b)
 
 
 def final_logits(x: Tensor, residual: Tensor, norm_w: Tensor, norm_b: Tensor | None,

@@ -260,4 +260,5 @@ def rows_product(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm:
 # torch_layers' contracts, as torch_triton_gemv's layer functions, with every product batch-invariant.
 attention_input = functools.partial(gemv_kernels.attention_input, product=rows_product)
 mlp_block = functools.partial(gemv_kernels.mlp_block, product=rows_product)
+mlp_after_attention = functools.partial(gemv_kernels.mlp_after_attention, product=rows_product)
 final_logits = functools.partial(gemv_kernels.final_logits, product=rows_product)

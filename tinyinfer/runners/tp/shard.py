@@ -48,7 +48,7 @@ from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
 from tinyinfer.runners import torch_layers as layers
 from tinyinfer.runners.runner import Batch, RankShare, RankTiming, RunnerInfo
-from tinyinfer.runners.torch_fast import FUSED_MAX_ROWS, TorchKVCache, TorchRunner, _Step, reduce_top
+from tinyinfer.runners.torch_fast import TorchKVCache, TorchRunner, _Step, reduce_top
 from tinyinfer.runners.torch_graphs import DecodeGraphs
 from tinyinfer.runners.torch_weights import random_weights
 from tinyinfer.weights import Bf16Array
@@ -343,18 +343,12 @@ class ShardRunner(TorchRunner):
         self.clock = _CommClock(self.device, time_collectives)
         # A layer's functions: attention input (residual add, norm, q|k|v), the o product (a
         # partial sum, all-reduced next), the MLP after the all-reduce, the head. The o product
-        # stays eager on the torch path (one cuBLAS call); batch-1 decode steps take the fused
-        # Triton products where TorchRunner chose them (decode_products).
+        # stays eager on the torch path (one cuBLAS call); decode steps take the fused Triton
+        # products where TorchRunner chose them (decode_products; _fused_layer_fns below).
         eager = (layers.attention_input, mlp_after_attention, layers.final_logits)
         compiled = tuple(torch.compile(f) for f in eager) if self.compile else eager
         self._eager = (eager[0], layers.linear, *eager[1:])
         self._decode_fns = (compiled[0], layers.linear, *compiled[1:])
-        self._shard_fused = None
-        if self.decode_products == "triton":
-            from tinyinfer.runners import torch_triton_gemv as gemv
-
-            self._shard_fused = (gemv.attention_input, gemv.gemv, gemv.mlp_after_attention,
-                                 gemv.final_logits)
         self._graph_sets: weakref.WeakSet[DecodeGraphs] = weakref.WeakSet()
         self._symm: list[Tensor] = []  # two symmetric buffers, used in turn (symm_mem)
         self._symm_turn = 0
@@ -364,6 +358,17 @@ class ShardRunner(TorchRunner):
         """TorchRunner's choices, plus the all-reduce and whether collectives are timed."""
         return {**super().describe(), "all_reduce": self.all_reduce_kind,
                 "time_collectives": self.clock.enabled}
+
+    def _fused_layer_fns(self) -> dict[str, tuple[Callable[..., Any], ...]]:
+        """TorchRunner's fused layer functions in a shard's shape: the o and down products end in
+        an all-reduce, so they run plain, and the residual add after each all-reduce becomes the
+        next product's prologue."""
+        from tinyinfer.runners import torch_triton_gemv as gemv
+        from tinyinfer.runners import torch_triton_rows as rows
+
+        return {"gemv": (gemv.attention_input, gemv.gemv, gemv.mlp_after_attention, gemv.final_logits),
+                "rows": (rows.attention_input, rows.rows_product, rows.mlp_after_attention,
+                         rows.final_logits)}
 
     def connect(self) -> None:
         """Set up this rank's side of the collectives (every rank, once the group exists)."""
@@ -448,12 +453,7 @@ class ShardRunner(TorchRunner):
             return self._all_gather_vocab(self._layers(step, kv))
 
     def _layers(self, step: _Step, kv: TorchKVCache) -> Tensor:
-        fns, attend = self._decode_fns, self.decode_attention
-        if step.prefills:
-            fns = self._eager
-        elif self._shard_fused is not None and len(step.token_ids) <= FUSED_MAX_ROWS:
-            fns, attend = self._shard_fused, self._fused_attention
-        attention_input, o_product, mlp_rest, final_logits = fns
+        (attention_input, o_product, mlp_rest, final_logits), attend = self._layer_fns(step)
         w = self.w
         x = self._embed(step.token_ids)  # [T, D]
         if w.pos_embed is not None:

@@ -202,7 +202,8 @@ class TorchRunner:
         """"triton": batch-1 decode steps through the fused Triton products
         (``torch_triton_gemv``: norms, residual adds and SiLU·mul inside the matrix-vector
         kernels); "torch": the compiled layer functions and cuBLAS; "auto": "triton" where it
-        applies (CUDA, Triton installed, RMSNorm and a gated MLP, unquantized fp16/bf16 weights)."""
+        applies (CUDA, Triton installed, RMSNorm and a gated MLP, fp16/bf16 weights or int8/int4
+        ones in the Triton kernels' layout, ``torch_quant_gemv``)."""
         if choice not in DECODE_PRODUCTS:
             raise TinyInferError(f"decode_products must be one of {DECODE_PRODUCTS}, got {choice}")
         if choice == "torch":
@@ -210,8 +211,8 @@ class TorchRunner:
         usable = self.device.type == "cuda" and _triton_installed() and self._fusable()
         if choice == "triton" and not usable:
             raise TinyInferError("decode_products='triton' needs a CUDA device, the triton package, "
-                                 "RMSNorm, a gated MLP and unquantized float16/bfloat16 weights: "
-                                 "use decode_products='torch'")
+                                 "RMSNorm, a gated MLP and float16/bfloat16 weights (or int8/int4 "
+                                 "ones with quant_kernel 'triton' or 'auto'): use decode_products='torch'")
         return "triton" if usable else "torch"
 
     def _fusable(self) -> bool:

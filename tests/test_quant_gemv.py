@@ -46,7 +46,8 @@ def test_fused_layer_functions_with_quantized_weights_match_the_dequantized_ones
 cases = [("int8", 1, False), ("int8-g32", 3, True), ("int4-g32", 1, True), ("int4-g64-asym", 3, False),
          ("int4-g32-min", 1, False), ("int4-g128", 3, True)]
 for fmt, rows, bias in cases:
-    d, f, qkv_out, vocab = (256, 128, 72, 200) if fmt == "int4-g128" else (128, 96 if "g64" not in fmt else 192, 72, 200)
+    d, f = (256, 128) if fmt == "int4-g128" else (128, 192) if "g64" in fmt else (128, 96)
+    qkv_out, vocab = 72, 200
     x, r, attn = torch.randn(rows, d), torch.randn(rows, d), torch.randn(rows, d)
     norm = 1 + 0.1 * torch.randn(d)
     pairs = {name: weight(fmt, shape) for name, shape in

@@ -201,30 +201,36 @@ class TorchRunner:
     def _pick_decode_products(self, choice: str) -> str:
         """"triton": batch-1 decode steps through the fused Triton products
         (``torch_triton_gemv``: norms, residual adds and SiLU·mul inside the matrix-vector
-        kernels); "torch": the compiled layer functions and cuBLAS; "auto": "triton" where it
-        applies (CUDA, Triton installed, RMSNorm and a gated MLP, fp16/bf16 weights or int8/int4
-        ones in the Triton kernels' layout, ``torch_quant_gemv``)."""
+        kernels; int8/int4 weights in the Triton kernels' layout through ``torch_quant_gemv``);
+        "torch": the compiled layer functions and cuBLAS (or the quantized products); "auto":
+        "triton" where it applies (CUDA, Triton installed, RMSNorm and a gated MLP) and every
+        weight is fp16/bf16: the fused quantized products ran slower than the compiled glue
+        and the unfused ones (docs/quantization.md), so quantized models take them on request."""
         if choice not in DECODE_PRODUCTS:
             raise TinyInferError(f"decode_products must be one of {DECODE_PRODUCTS}, got {choice}")
         if choice == "torch":
             return "torch"
-        usable = self.device.type == "cuda" and _triton_installed() and self._fusable()
-        if choice == "triton" and not usable:
+        fusable = self._fusable() if self.device.type == "cuda" and _triton_installed() else None
+        if choice == "triton" and fusable is None:
             raise TinyInferError("decode_products='triton' needs a CUDA device, the triton package, "
                                  "RMSNorm, a gated MLP and float16/bfloat16 weights (or int8/int4 "
                                  "ones with quant_kernel 'triton' or 'auto'): use decode_products='torch'")
-        return "triton" if usable else "torch"
+        return "triton" if choice == "triton" or fusable == "plain" else "torch"
 
-    def _fusable(self) -> bool:
+    def _fusable(self) -> str | None:
+        """Whether the fused products take every weight: "plain" (fp16/bf16 tensors),
+        "quantized" (some in the Triton kernels' int8/int4 layout), or None."""
         try:
             from tinyinfer.runners import torch_triton_gemv
         except ImportError:  # a Triton too old for the kernels (no programmatic dependent launch)
-            return False
+            return None
         w = self.w
         norms = [w.final_norm[1]] + [n[1] for layer in w.layers for n in (layer.attn_norm, layer.mlp_norm)]
         products = [w.head] + [p[0] for layer in w.layers
                                for p in (layer.qkv, layer.o, layer.mlp_in, layer.mlp_out)]
-        return w.pos_embed is None and torch_triton_gemv.applies(self.config.family == "llama", norms, products)
+        if w.pos_embed is not None or not torch_triton_gemv.applies(self.config.family == "llama", norms, products):
+            return None
+        return "plain" if all(isinstance(p, Tensor) for p in products) else "quantized"
 
     def _pick_quant_kernel(self, choice: str) -> str:
         """Which kernels multiply by int8 / int4 weights: "triton" (tinyinfer's, every format),

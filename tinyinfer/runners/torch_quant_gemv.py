@@ -9,16 +9,25 @@ quantized models alike. The product is ``torch_quant_kernel``'s one-row program 
 what the runner otherwise runs as kernels of its own moved inside:
 
 * **Inputs straight from x.** The unfused product takes x regrouped by each input's place in a
-  word and each word's input sum (``torch_layers.kernel_inputs``, one more kernel before every
-  product). Here a program loads the inputs its words meet from x as it is (code j of word i
-  meets input PER i + j), adds the residual and normalises them on the way (every program
-  recomputes the row's norm first, as the bf16 kernel does), and sums each word's inputs itself.
+  word and each word's input sum (``torch_layers.kernel_inputs``, fused into the glue kernel
+  before every product). Here a program loads the inputs its words meet from x as the previous
+  kernel wrote it (code j of word i meets input PER i + j), adds the residual, multiplies by the
+  norm's weights and sums each word's inputs itself. A 16-bit row is read as 32-bit words of two
+  inputs: Triton's pipeliner copies 4-byte loads into shared memory ahead of use, 2-byte ones not.
+* **The norm after the sums.** Each product is linear in its inputs, so 1 / RMS multiplies the
+  finished sums: a program sums the squares of the inputs it loads, over the whole row (a
+  product with a norm is never split along K). The normalised input is not rounded to the
+  compute dtype first, as the compiled path rounds it; the residual sum is, as there.
 * **The epilogue** (bias, silu(gate) * up, the residual add, the split-K reduction) is
-  ``triton_common.epilogue``, the bf16 kernel's; so are the prologue's roundings.
+  ``triton_common.epilogue``, the bf16 kernel's.
 * **Programmatic dependent launch**, as in the bf16 kernels: a program loads its first step of
   words and scales, which no earlier kernel writes, before it waits for the previous kernel
   (``gdc_wait``); the loop that follows keeps its next steps in flight (Triton's pipeliner, TMA
   on compute capability 9.0 on), and lets the next kernel launch once it is done.
+
+Measured on an H100 these run slower than the compiled glue and the unfused products (each
+program's input work outweighs the glue kernels saved: docs/quantization.md), so the runner
+takes them for quantized weights only with ``decode_products="triton"``.
 """
 
 from __future__ import annotations
@@ -50,7 +59,8 @@ from tinyinfer.runners.triton_common import (
     trip_count,
 )
 
-BLOCK_N = 16  # weight rows a program reads (the inputs a program loads serve them all)
+BLOCK_N = 16  # weight rows a program reads: each thread holds four, so an input it loads serves four
+
 
 @triton.jit
 def _input(x_row, res_row, sum_row, norm_ptr, k, k_ok, writer, dtype, NORM: tl.constexpr, ADD_RES: tl.constexpr,
@@ -92,7 +102,8 @@ def _input_pair(x_row, res_row, sum_row, norm_ptr, k2, k_ok, writer, dtype, NORM
         res_low, res_high = _halves(load(res_row + k2, k_ok, EVEN), dtype)
         low = (low + res_low).to(dtype)
         high = (high + res_high).to(dtype)
-        both = (low.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (high.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+        both = ((low.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF)
+                | (high.to(tl.int16, bitcast=True).to(tl.int32) << 16))
         tl.store(sum_row + k2, both, mask=k_ok & writer)
         low = low.to(tl.float32)
         high = high.to(tl.float32)

@@ -78,9 +78,15 @@ CHECK_VARIANTS = ("int8@torch", "int8@triton", "int4-g128@torch", "int4-g128@tri
 
 
 def split_variant(variant: str) -> tuple[str, str]:
-    """'int4-g128@triton' -> ('int4-g128', 'triton'); bf16 has no product kernel to pick."""
+    """'int4-g128@triton' -> ('int4-g128', 'triton'); bf16 has no product kernel to pick. A
+    suffix names the runner's decode_products: 'int4-g128+head@auto/triton' (see decode_speed)."""
     fmt, _, kernel = variant.partition("@")
-    return fmt, kernel or "torch"
+    return fmt, (kernel.partition("/")[0] or "torch")
+
+
+def decode_products(variant: str) -> str:
+    """The decode_products a variant asks for: 'int4-g128@auto/triton' -> 'triton', else 'auto'."""
+    return variant.partition("/")[2] or "auto"
 
 
 def check_quantized_logits(device: torch.device, formats: tuple[str, ...]) -> dict[str, Any]:
@@ -129,7 +135,7 @@ def decode_speed(name: str, raw: dict[str, Any], variant: str, bandwidth: float,
     fmt, kernel = split_variant(variant)
     t0 = time.perf_counter()
     runner = TorchRunner(config, bench_weights(config, fmt, device), device=str(device), dtype="bfloat16",
-                         quant_kernel=kernel)
+                         quant_kernel=kernel, decode_products=decode_products(variant))
     build_s = time.perf_counter() - t0
     weight_bytes = runner.w.streamed_bytes()
     kv_token_bytes = config.kv_bytes_per_token(2)
@@ -301,7 +307,8 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="JSON path (default: $OUT/gpu_quant_bench.json)")
     parser.add_argument("--shapes", nargs="+", default=["llama-3-8b", "llama-3.2-1b"], choices=list(BENCH_CONFIGS))
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
-                        help="formats, each optionally @triton or @torch (default: %(default)s)")
+                        help="formats, each optionally @triton, @torch or @auto, then optionally /triton "
+                             "or /torch: the runner's decode_products (default: %(default)s)")
     parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
     parser.add_argument("--check-variants", nargs="+", default=None,
                         help="formats the correctness check runs (default: every product kernel's)")

@@ -157,19 +157,21 @@ class TorchRunner:
             dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
             self._decode_fns = tuple(torch.compile(fn) for fn in self._eager)
         self.decode_products = self._pick_decode_products(decode_products)
-        if batch_invariant and self.decode_products != "triton":
-            raise TinyInferError("batch_invariant needs the fused products (decode_products="
-                                 "'triton': CUDA, the triton package, RMSNorm, a gated MLP, "
-                                 "unquantized float16/bfloat16 weights)")
-        self.batch_invariant = bool(batch_invariant)
         # the decode attention beside the fused products: the Triton kernel launched so that it
         # may start as the q|k|v product ends (programmatic dependent launch, where the card has it)
         self._fused_attention = self.decode_attention
         self._fused: dict[str, tuple[Callable[..., Any], ...]] = {}
         if self.decode_products == "triton":
             self._fused = self._fused_layer_fns()
+            if self._fusable() == "quantized":  # the row kernel reads float16/bfloat16 weights only
+                del self._fused["rows"]
             if self.decode_attention_kind == "triton":
                 self._fused_attention = functools.partial(self.decode_attention, pdl=True)
+        if batch_invariant and "rows" not in self._fused:
+            raise TinyInferError("batch_invariant needs the fused products (decode_products="
+                                 "'triton': CUDA, the triton package, RMSNorm, a gated MLP, "
+                                 "unquantized float16/bfloat16 weights)")
+        self.batch_invariant = bool(batch_invariant)
         self._greedy_reduce = torch.compile(greedy_reduce) if self.compile else greedy_reduce
         self._announced_compile = False
 
@@ -208,29 +210,36 @@ class TorchRunner:
     def _pick_decode_products(self, choice: str) -> str:
         """"triton": batch-1 decode steps through the fused Triton products
         (``torch_triton_gemv``: norms, residual adds and SiLU·mul inside the matrix-vector
-        kernels); "torch": the compiled layer functions and cuBLAS; "auto": "triton" where it
-        applies (CUDA, Triton installed, RMSNorm and a gated MLP, unquantized fp16/bf16 weights)."""
+        kernels; int8/int4 weights in the Triton kernels' layout through ``torch_quant_gemv``);
+        "torch": the compiled layer functions and cuBLAS (or the quantized products); "auto":
+        "triton" where it applies (CUDA, Triton installed, RMSNorm and a gated MLP) and every
+        weight is fp16/bf16: the fused quantized products ran slower than the compiled glue
+        and the unfused ones (docs/quantization.md), so quantized models take them on request."""
         if choice not in DECODE_PRODUCTS:
             raise TinyInferError(f"decode_products must be one of {DECODE_PRODUCTS}, got {choice}")
         if choice == "torch":
             return "torch"
-        usable = self.device.type == "cuda" and _triton_installed() and self._fusable()
-        if choice == "triton" and not usable:
+        fusable = self._fusable() if self.device.type == "cuda" and _triton_installed() else None
+        if choice == "triton" and fusable is None:
             raise TinyInferError("decode_products='triton' needs a CUDA device, the triton package, "
-                                 "RMSNorm, a gated MLP and unquantized float16/bfloat16 weights: "
-                                 "use decode_products='torch'")
-        return "triton" if usable else "torch"
+                                 "RMSNorm, a gated MLP and float16/bfloat16 weights (or int8/int4 "
+                                 "ones with quant_kernel 'triton' or 'auto'): use decode_products='torch'")
+        return "triton" if choice == "triton" or fusable == "plain" else "torch"
 
-    def _fusable(self) -> bool:
+    def _fusable(self) -> str | None:
+        """Whether the fused products take every weight: "plain" (fp16/bf16 tensors),
+        "quantized" (some in the Triton kernels' int8/int4 layout), or None."""
         try:
             from tinyinfer.runners import torch_triton_gemv
         except ImportError:  # a Triton too old for the kernels (no programmatic dependent launch)
-            return False
+            return None
         w = self.w
         norms = [w.final_norm[1]] + [n[1] for layer in w.layers for n in (layer.attn_norm, layer.mlp_norm)]
         products = [w.head] + [p[0] for layer in w.layers
                                for p in (layer.qkv, layer.o, layer.mlp_in, layer.mlp_out)]
-        return w.pos_embed is None and torch_triton_gemv.applies(self.config.family == "llama", norms, products)
+        if w.pos_embed is not None or not torch_triton_gemv.applies(self.config.family == "llama", norms, products):
+            return None
+        return "plain" if all(isinstance(p, Tensor) for p in products) else "quantized"
 
     def _pick_quant_kernel(self, choice: str) -> str:
         """Which kernels multiply by int8 / int4 weights: "triton" (tinyinfer's, every format),
@@ -361,12 +370,13 @@ class TorchRunner:
         kernels) run the compiled functions, or, up to FUSED_MAX_ROWS rows, the fused Triton
         products where they apply: the batch-invariant row kernel, or at one row the matrix-
         vector kernel unless every step must compute a row as a verification step does
-        (batch_invariant)."""
+        (batch_invariant). Quantized weights have no row kernel: their steps of 2..17 rows run
+        the compiled functions."""
         rows = len(step.token_ids)
         if step.prefills:
             return self._eager, self.decode_attention
-        if self._fused and rows <= FUSED_MAX_ROWS:
-            kind = "gemv" if rows == 1 and not self.batch_invariant else "rows"
+        kind = "gemv" if rows == 1 and not self.batch_invariant else "rows"
+        if kind in self._fused and rows <= FUSED_MAX_ROWS:
             return self._fused[kind], self._fused_attention
         return self._decode_fns, self.decode_attention
 

@@ -93,6 +93,40 @@ def decode_words(words, code_mask, J: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
+def word_tile(words_ptr, row_at, rows_ok, row0, block, kw, k_ok, BLOCK_N: tl.constexpr,
+              GROUPS_PER_BLOCK: tl.constexpr, SPAN_WORDS: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr):
+    """Loop step ``block``'s words of BLOCK_N rows as a [BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS]
+    tile: through the tensor descriptor ``words_ptr`` from row ``row0`` (TMA: rows and columns
+    past the matrix read as zeros), else from the rows' pointers ``row_at`` [BN, 1, 1] at word
+    columns ``kw`` [G, W]."""
+    if TMA:
+        words = tl.reshape(words_ptr.load([row0, block * GROUPS_PER_BLOCK * SPAN_WORDS]),
+                           [BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS])
+    else:
+        words = load(row_at + kw[None, :, :], rows_ok[:, None, None] & k_ok[None, :, :], EVEN)
+    return words
+
+
+@triton.jit
+def scale_shift(scales_ptr, offsets_ptr, rows, rows_ok, block, g, num_groups, BLOCK_K: tl.constexpr,
+                GROUP: tl.constexpr, BASE: tl.constexpr, ZERO: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+                EVEN: tl.constexpr):
+    """Each (row, group) of loop step ``block``: its scale and the shift that folds BASE, the zero
+    point and the offset in (weight = (BASE + code) * scale + shift), float32 [BN, G]."""
+    if GROUP > 0:
+        group = block * BLOCK_K // GROUP + g  # [G]
+    else:
+        group = g  # [1], 0: one group per row (per-row int8)
+    at = rows[:, None] * num_groups + group[None, :]  # [BN, G]
+    ok = rows_ok[:, None] & (group < num_groups)[None, :]
+    scale = load(scales_ptr + at, ok, EVEN).to(tl.float32)
+    shift = -(BASE + ZERO) * scale
+    if HAS_OFFSETS:
+        shift += load(offsets_ptr + at, ok, EVEN).to(tl.float32)
+    return scale, shift
+
+
+@triton.jit
 def _quant_matmul_kernel(
     x_ptr, xsum_ptr, words_ptr, scales_ptr, offsets_ptr, out_ptr, partial_ptr, counters_ptr,
     M, N, K, steps, code_mask, ROW_WORDS: tl.constexpr,
@@ -125,6 +159,7 @@ def _quant_matmul_kernel(
     w = tl.arange(0, SPAN_WORDS)
     num_groups = K // GROUP if GROUP > 0 else 1  # GROUP 0: one group per row (per-row int8)
     first = pid_k * steps  # this program's loop steps: first .. first + steps
+    row_at = words_ptr  # the words' descriptor (TMA), else the rows' pointers
     if not TMA:
         row_at = words_ptr + n[:, None, None] * row_words  # [BN, 1, 1]
     if DOT:
@@ -139,21 +174,10 @@ def _quant_matmul_kernel(
         block = first + step
         kw = block * BLOCK_WORDS + g[:, None] * SPAN_WORDS + w[None, :]  # [G, W] word columns
         k_ok = kw < row_words
-        if TMA:  # a [BLOCK_N, BLOCK_WORDS] box; rows and columns past the matrix read as zeros
-            words = tl.reshape(words_ptr.load([pid_n * BLOCK_N, block * BLOCK_WORDS]),
-                               [BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS])
-        else:
-            words = load(row_at + kw[None, :, :], n_ok[:, None, None] & k_ok[None, :, :], EVEN)
-        if GROUP > 0:
-            group = block * BLOCK_K // GROUP + g  # [G]
-        else:
-            group = g  # [1], 0
-        sg_at = n[:, None] * num_groups + group[None, :]  # [BN, G]
-        sg_ok = n_ok[:, None] & (group < num_groups)[None, :]
-        scale = load(scales_ptr + sg_at, sg_ok, EVEN).to(tl.float32)
-        shift = -(BASE + ZERO) * scale  # folds BASE and the zero point into the offset
-        if HAS_OFFSETS:
-            shift += load(offsets_ptr + sg_at, sg_ok, EVEN).to(tl.float32)
+        words = word_tile(words_ptr, row_at, n_ok, pid_n * BLOCK_N, block, kw, k_ok, BLOCK_N, GROUPS_PER_BLOCK,
+                          SPAN_WORDS, EVEN, TMA)
+        scale, shift = scale_shift(scales_ptr, offsets_ptr, n, n_ok, block, g, num_groups, BLOCK_K, GROUP, BASE,
+                                   ZERO, HAS_OFFSETS, EVEN)
         if DOT:
             # weight = (BASE + code) * scale + shift, rounded to x's dtype, through the matrix units
             for j in tl.static_range(PER):
@@ -242,8 +266,11 @@ def rows_per_tile(m: int, config: Config) -> int:
 _devices: dict[torch.device, tuple[int, bool]] = {}
 
 
-def _device_traits(device: torch.device) -> tuple[int, bool]:
-    """(multiprocessors, whether its copy engine takes tensor descriptors: compute capability 9.0 on)."""
+def device_traits(device: torch.device) -> tuple[int, bool]:
+    """(multiprocessors, whether its copy engine takes tensor descriptors: compute capability 9.0
+    on). Off CUDA (Triton's CPU interpreter runs the kernels): one, and pointers."""
+    if device.type != "cuda":
+        return 1, False
     if device not in _devices:
         props = torch.cuda.get_device_properties(device)
         _devices[device] = (props.multi_processor_count, (props.major, props.minor) >= (9, 0))
@@ -267,7 +294,7 @@ def quant_matmul(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offset
     m, k = xg.shape[0], xg.shape[1] * xg.shape[2]
     n = words.shape[0]
     if config is None:
-        processors, tma = _device_traits(xg.device)
+        processors, tma = device_traits(xg.device)
         config = pick_config(m, n, k, bits, processors, tma and tma_fits(words))
     out = torch.empty((m, n), dtype=out_dtype, device=xg.device)
     block_m = rows_per_tile(m, config)

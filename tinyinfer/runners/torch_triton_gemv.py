@@ -42,8 +42,11 @@ from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tinyinfer.runners.torch_triton import uses_pdl
+from tinyinfer.runners.torch_layers import KernelWeight
+from tinyinfer.runners.torch_quant_gemv import fused_gemv
 from tinyinfer.runners.triton_common import (
     INTERPRETED,
+    epilogue,
     load,
     split_counters,
     split_fits,
@@ -58,24 +61,6 @@ class Config(NamedTuple):
     block_k: int  # inputs per loop step
     split_k: int = 1  # programs sharing one tile's inputs
     num_warps: int = 4
-
-
-@triton.jit
-def _finish(gate, up, n, n_ok, m, N, bias_ptr, add_ptr, out_ptr, dtype,
-            HAS_BIAS: tl.constexpr, GATED: tl.constexpr, ADD_OUT: tl.constexpr):
-    """The epilogue of outputs n of row m: bias, rounding to the compute dtype, silu(gate) * up,
-    the residual add; stored in the output's dtype."""
-    if HAS_BIAS:
-        gate += tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
-        if GATED:
-            up += tl.load(bias_ptr + N + n, mask=n_ok, other=0.0).to(tl.float32)
-    y = gate.to(dtype).to(tl.float32)
-    if GATED:
-        u = up.to(dtype).to(tl.float32)
-        y = (y * tl.sigmoid(y) * u).to(dtype).to(tl.float32)
-    if ADD_OUT:
-        y = (y + tl.load(add_ptr + m * N + n, mask=n_ok, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
-    tl.store(out_ptr + m * N + n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
@@ -150,30 +135,9 @@ def _gemv_kernel(
     up = gate
     if GATED:
         up = tl.sum(acc_u, 1)
-    if SPLIT_K == 1:
-        _finish(gate, up, n, n_ok, m, N, bias_ptr, add_ptr, out_ptr, dtype, HAS_BIAS, GATED, ADD_OUT)
-    else:
-        # Partials [SPLIT_K, M, (2) N] in float32; the tile's last program adds them in order.
-        rows_m = tl.num_programs(2)
-        width = 2 * N if GATED else N
-        part = partial_ptr + (pid_k * rows_m + m) * width + n
-        tl.store(part, gate, mask=n_ok)
-        if GATED:
-            tl.store(part + N, up, mask=n_ok)
-        tl.debug_barrier()  # every thread's partial is issued before the count goes up
-        tile = m * tl.num_programs(0) + pid_n
-        done = tl.atomic_add(counters_ptr + tile, 1)  # acquire-release, GPU scope
-        if done == SPLIT_K - 1:
-            gate = tl.zeros([BLOCK_N], tl.float32)
-            up = tl.zeros([BLOCK_N], tl.float32)
-            for s in range(SPLIT_K):
-                at = partial_ptr + (s * rows_m + m) * width + n
-                gate += tl.load(at, mask=n_ok, other=0.0, cache_modifier=".cg")
-                if GATED:
-                    up += tl.load(at + N, mask=n_ok, other=0.0, cache_modifier=".cg")
-            _finish(gate, up, n, n_ok, m, N, bias_ptr, add_ptr, out_ptr, dtype, HAS_BIAS, GATED,
-                    ADD_OUT)
-            tl.atomic_xchg(counters_ptr + tile, 0)  # ready for the next launch
+    epilogue(gate, up, n, n_ok, m, tl.num_programs(2), m * tl.num_programs(0) + pid_n, N,
+             bias_ptr, add_ptr, out_ptr, partial_ptr, counters_ptr, dtype, HAS_BIAS, GATED, ADD_OUT,
+             SPLIT_K)
 
 
 def pick_config(n: int, k: int, gated: bool) -> Config:
@@ -186,7 +150,7 @@ def pick_config(n: int, k: int, gated: bool) -> Config:
     return Config(8, 512, split_k=2 if k > 4096 and split_fits(triton.cdiv(n, 8)) else 1)
 
 
-def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm: Tensor | None = None,
+def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *, norm: Tensor | None = None,
          residual: Tensor | None = None, sum_out: Tensor | None = None, eps: float = 0.0,
          gated: bool = False, add: Tensor | None = None, out_dtype: torch.dtype | None = None,
          config: Config | None = None) -> Tensor:
@@ -195,7 +159,12 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm: Tensor 
 
     norm [K]: x is RMS-normalised (eps) with these weights first, after adding ``residual``
     [M, K], whose rounded sum with x is written to ``sum_out`` [M, K]. gated: silu(gate) * up.
-    add [M, N]: added to the output (a residual add). ``config`` overrides the tile choice."""
+    add [M, N]: added to the output (a residual add). ``config`` overrides the tile choice.
+    A weight in the Triton kernels' int8 / int4 layout goes to ``torch_quant_gemv.fused_gemv``
+    (same contract, the codes read as stored)."""
+    if isinstance(weight, KernelWeight):
+        return fused_gemv(x, weight, bias, norm=norm, residual=residual, sum_out=sum_out, eps=eps, gated=gated,
+                          add=add, out_dtype=out_dtype)
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     if config is None:
@@ -234,10 +203,14 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm: Tensor 
 
 def applies(gated: bool, norm_biases: list[Tensor | None], weights: list[object]) -> bool:
     """Whether a model can run these kernels: a gated MLP, RMSNorm (no norm biases), and every
-    product's weight a plain tensor (not quantized) in float16 or bfloat16 on a CUDA device."""
-    return (gated and all(b is None for b in norm_biases)
-            and all(isinstance(w, Tensor) and w.device.type == "cuda"
-                    and w.dtype in (torch.float16, torch.bfloat16) for w in weights))
+    product's weight on a CUDA device, a plain tensor in float16 or bfloat16 or int8 / int4 in
+    the Triton kernels' layout (``KernelWeight``)."""
+    def fits(w: object) -> bool:
+        if isinstance(w, KernelWeight):
+            return w.words.device.type == "cuda"
+        return isinstance(w, Tensor) and w.device.type == "cuda" and w.dtype in (torch.float16, torch.bfloat16)
+
+    return gated and all(b is None for b in norm_biases) and all(fits(w) for w in weights)
 
 
 def attention_input(x: Tensor, residual: Tensor, norm_w: Tensor, norm_b: Tensor | None,

@@ -15,7 +15,7 @@ row's rounding depends on how many rows share the step. Here nothing does:
   the instruction, so a row's results do not depend on the other rows' values or on its place
   in the tile; tiles, splits, warps and pipeline depth depend on the product's shape only,
   never on M: one compiled kernel, one order of every sum, whatever M is;
-* the epilogues are ``torch_triton_gemv``'s (bias, residual add, SiLU·mul, float32 logits);
+* the epilogues are ``triton_common``'s (bias, residual add, SiLU·mul, float32 logits);
   the prologue adds the residual and applies RMSNorm, but as 1/rms times the product of the
   weights with round(x * g) rather than the product with round(x * g / rms): the sum of squares
   is taken in the product's own loop, so no program walks its rows' inputs twice (a separate
@@ -51,9 +51,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tinyinfer.runners import torch_triton_gemv as gemv_kernels
 from tinyinfer.runners.torch_triton import uses_pdl
-from tinyinfer.runners.torch_triton_gemv import _finish
 from tinyinfer.runners.triton_common import (
     INTERPRETED,
+    epilogue,
     load,
     split_counters,
     trip_count,
@@ -174,34 +174,13 @@ def _rows_kernel(
         rstd = tl.rsqrt(squares / K + eps)[None, :]  # [1, 16]
         acc = acc * rstd
         acc_u = acc_u * rstd
-    m = r[None, :]  # [1, 16] against n [BN, 1]: _finish's elementwise epilogue on the tile
+    m = r[None, :]  # [1, 16] against n [BN, 1]: the elementwise epilogue on the tile
     nn = n[:, None]
     ok = n_ok[:, None] & r_ok[None, :]
-    if SPLIT_K == 1:
-        _finish(acc, acc_u, nn, ok, m, N, bias_ptr, add_ptr, out_ptr, dtype, HAS_BIAS, GATED, ADD_OUT)
-    else:
-        # Partials [SPLIT_K, row tiles * 16, (2) N] in float32; the tile's last program adds them
-        # in order.
-        padded = tl.num_programs(2) * 16
-        width = 2 * N if GATED else N
-        part = partial_ptr + (pid_k * padded + m) * width + nn
-        tl.store(part, acc, mask=ok)
-        if GATED:
-            tl.store(part + N, acc_u, mask=ok)
-        tl.debug_barrier()  # every thread's partial is issued before the count goes up
-        tile = pid_m * tl.num_programs(0) + pid_n
-        done = tl.atomic_add(counters_ptr + tile, 1)  # acquire-release, GPU scope
-        if done == SPLIT_K - 1:
-            gate = tl.zeros([BLOCK_N, 16], tl.float32)
-            up = tl.zeros([BLOCK_N, 16], tl.float32)
-            for s in range(SPLIT_K):
-                at = partial_ptr + (s * padded + m) * width + nn
-                gate += tl.load(at, mask=ok, other=0.0, cache_modifier=".cg")
-                if GATED:
-                    up += tl.load(at + N, mask=ok, other=0.0, cache_modifier=".cg")
-            _finish(gate, up, nn, ok, m, N, bias_ptr, add_ptr, out_ptr, dtype, HAS_BIAS, GATED,
-                    ADD_OUT)
-            tl.atomic_xchg(counters_ptr + tile, 0)  # ready for the next launch
+    # partials of every row tile's 16 rows: [SPLIT_K, row tiles * 16, (2) N]
+    epilogue(acc, acc_u, nn, ok, m, tl.num_programs(2) * 16, pid_m * tl.num_programs(0) + pid_n, N,
+             bias_ptr, add_ptr, out_ptr, partial_ptr, counters_ptr, dtype, HAS_BIAS, GATED, ADD_OUT,
+             SPLIT_K)
 
 
 def pick_config(n: int, k: int, gated: bool, norm: bool = False) -> Config:

@@ -1,5 +1,7 @@
-"""Pieces the Triton matrix-product kernels share (``torch_triton_gemv``, ``torch_quant_kernel``):
-the interpreter switch, loop trip counts, masked loads, and the split-K tile counters."""
+"""Pieces the Triton matrix-product kernels share (``torch_triton_gemv``, ``torch_quant_kernel``,
+``torch_quant_gemv``): the interpreter switch, loop trip counts, masked loads, the split-K tile
+counters, and the fused products' epilogue (bias, silu(gate) * up, residual add, split-K
+reduction)."""
 
 from __future__ import annotations
 
@@ -49,3 +51,57 @@ def split_counters(tiles: int, device: torch.device) -> Tensor:
 def split_fits(tiles: int) -> bool:
     """Whether a launch of this many output tiles may split K (one counter per tile)."""
     return tiles <= MAX_TILES
+
+
+# The fused products' epilogue (``torch_triton_gemv`` and ``torch_quant_gemv``), with the roundings
+# of the compiled layer functions (sums in float32, each product's output rounded to the compute
+# dtype before it is used).
+
+
+@triton.jit
+def finish(gate, up, n, n_ok, m, N, bias_ptr, add_ptr, out_ptr, dtype,
+           HAS_BIAS: tl.constexpr, GATED: tl.constexpr, ADD_OUT: tl.constexpr):
+    """The epilogue of outputs n of row m: bias, rounding to the compute dtype, silu(gate) * up,
+    the residual add; stored in the output's dtype."""
+    if HAS_BIAS:
+        gate += tl.load(bias_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+        if GATED:
+            up += tl.load(bias_ptr + N + n, mask=n_ok, other=0.0).to(tl.float32)
+    y = gate.to(dtype).to(tl.float32)
+    if GATED:
+        u = up.to(dtype).to(tl.float32)
+        y = (y * tl.sigmoid(y) * u).to(dtype).to(tl.float32)
+    if ADD_OUT:
+        y = (y + tl.load(add_ptr + m * N + n, mask=n_ok, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+    tl.store(out_ptr + m * N + n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def epilogue(gate, up, n, n_ok, m, rows, tile, N, bias_ptr, add_ptr, out_ptr, partial_ptr,
+             counters_ptr, dtype, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+             ADD_OUT: tl.constexpr, SPLIT_K: tl.constexpr):
+    """``finish`` for a program of a grid (N tiles, splits, ...) holding the float32 sums (gate
+    and up: GATED) of outputs n of rows m, one of ``rows`` rows the partials hold; ``tile``
+    numbers its outputs-and-rows tile. Split K: partials [SPLIT_K, rows, (2) N] in float32; the
+    tile's last program to finish (counted with an atomic) adds them in order and finishes."""
+    pid_k = tl.program_id(1)
+    if SPLIT_K == 1:
+        finish(gate, up, n, n_ok, m, N, bias_ptr, add_ptr, out_ptr, dtype, HAS_BIAS, GATED, ADD_OUT)
+    else:
+        width = 2 * N if GATED else N
+        part = partial_ptr + (pid_k * rows + m) * width + n
+        tl.store(part, gate, mask=n_ok)
+        if GATED:
+            tl.store(part + N, up, mask=n_ok)
+        tl.debug_barrier()  # every thread's partial is issued before the count goes up
+        done = tl.atomic_add(counters_ptr + tile, 1)  # acquire-release, GPU scope
+        if done == SPLIT_K - 1:
+            gate = tl.zeros_like(gate)
+            up = tl.zeros_like(gate)
+            for s in range(SPLIT_K):
+                at = partial_ptr + (s * rows + m) * width + n
+                gate += tl.load(at, mask=n_ok, other=0.0, cache_modifier=".cg")
+                if GATED:
+                    up += tl.load(at + N, mask=n_ok, other=0.0, cache_modifier=".cg")
+            finish(gate, up, n, n_ok, m, N, bias_ptr, add_ptr, out_ptr, dtype, HAS_BIAS, GATED, ADD_OUT)
+            tl.atomic_xchg(counters_ptr + tile, 0)  # ready for the next launch

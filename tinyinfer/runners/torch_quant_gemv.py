@@ -1,0 +1,324 @@
+"""The fused batch-1 decode products with int8 / int4 weights (GPU only).
+
+``torch_triton_gemv``'s products, prologue and epilogue included, for a weight stored as
+``torch_layers.KernelWeight``: ``torch_triton_gemv.gemv`` hands such a weight here, so its layer
+functions (q|k|v with the residual add and RMSNorm before it, o with the residual add after it,
+gate|up with RMSNorm before and silu(gate) * up after, down, the LM head) serve bf16 and
+quantized models alike. The product is ``torch_quant_kernel``'s one-row program (codes read as
+32-bit words and turned into floats by ``decode_words``, a scale and a shift per word), with
+what the runner otherwise runs as kernels of its own moved inside:
+
+* **Inputs straight from x.** The unfused product takes x regrouped by each input's place in a
+  word and each word's input sum (``torch_layers.kernel_inputs``, fused into the glue kernel
+  before every product). Here a program loads the inputs its words meet from x as the previous
+  kernel wrote it (code j of word i meets input PER i + j), adds the residual, multiplies by the
+  norm's weights and sums each word's inputs itself. A 16-bit row is read as 32-bit words of two
+  inputs: Triton's pipeliner copies 4-byte loads into shared memory ahead of use, 2-byte ones not.
+* **The norm after the sums.** Each product is linear in its inputs, so 1 / RMS multiplies the
+  finished sums: a program sums the squares of the inputs it loads, over the whole row (a
+  product with a norm is never split along K). The normalised input is not rounded to the
+  compute dtype first, as the compiled path rounds it; the residual sum is, as there.
+* **The epilogue** (bias, silu(gate) * up, the residual add, the split-K reduction) is
+  ``triton_common.epilogue``, the bf16 kernel's.
+* **Programmatic dependent launch**, as in the bf16 kernels: a program loads its first step of
+  words and scales, which no earlier kernel writes, before it waits for the previous kernel
+  (``gdc_wait``); the loop that follows keeps its next steps in flight (Triton's pipeliner, TMA
+  on compute capability 9.0 on), and lets the next kernel launch once it is done.
+
+Measured on an H100 these run slower than the compiled glue and the unfused products (each
+program's input work outweighs the glue kernels saved: docs/quantization.md), so the runner
+takes them for quantized weights only with ``decode_products="triton"``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from tinyinfer.runners.quant_words import CODE_MASK, PER_WORD
+from tinyinfer.runners.torch_layers import KernelWeight
+from tinyinfer.runners.torch_quant_kernel import (
+    Config,
+    decode_words,
+    device_traits,
+    scale_shift,
+    tma_fits,
+    with_split,
+    word_tile,
+)
+from tinyinfer.runners.torch_triton import uses_pdl
+from tinyinfer.runners.triton_common import (
+    INTERPRETED,
+    epilogue,
+    load,
+    split_counters,
+    trip_count,
+)
+
+BLOCK_N = 16  # weight rows a program reads: each thread holds four, so an input it loads serves four
+
+
+@triton.jit
+def _input(x_row, res_row, sum_row, norm_ptr, k, k_ok, writer, dtype, NORM: tl.constexpr, ADD_RES: tl.constexpr,
+           EVEN: tl.constexpr):
+    """Inputs k of one row as the product multiplies them before 1 / RMS, float32, and their
+    squares (NORM; else 0): x, or x (+ the residual, rounded, which the program that is
+    ``writer`` stores at sum_row) times the norm's weights."""
+    xk = load(x_row + k, k_ok, EVEN).to(tl.float32)
+    if ADD_RES:
+        xk = (xk + load(res_row + k, k_ok, EVEN).to(tl.float32)).to(dtype).to(tl.float32)
+        tl.store(sum_row + k, xk.to(dtype), mask=k_ok & writer)
+    squares = 0.0
+    if NORM:
+        squares = xk * xk
+        xk = xk * load(norm_ptr + k, k_ok, EVEN).to(tl.float32)
+    return xk, squares
+
+
+@triton.jit
+def _halves(pair, dtype):
+    """The two 16-bit floats of 32-bit words (the even input low), as float32."""
+    if dtype == tl.bfloat16:  # a bf16 is the top half of the float32 it stands for
+        low = (pair << 16).to(tl.float32, bitcast=True)
+        high = (pair & -65536).to(tl.float32, bitcast=True)
+    else:
+        low = (pair & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+        high = (pair >> 16).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+    return low, high
+
+
+@triton.jit
+def _input_pair(x_row, res_row, sum_row, norm_ptr, k2, k_ok, writer, dtype, NORM: tl.constexpr,
+                ADD_RES: tl.constexpr, EVEN: tl.constexpr):
+    """``_input`` for inputs 2 k2 and 2 k2 + 1 of a row in a 16-bit dtype, the row's pointers
+    taken as 32-bit words: one 4-byte load a pair, which Triton's pipeliner can copy into shared
+    memory ahead of use (it copies no 2-byte loads)."""
+    low, high = _halves(load(x_row + k2, k_ok, EVEN), dtype)
+    if ADD_RES:
+        res_low, res_high = _halves(load(res_row + k2, k_ok, EVEN), dtype)
+        low = (low + res_low).to(dtype)
+        high = (high + res_high).to(dtype)
+        both = ((low.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF)
+                | (high.to(tl.int16, bitcast=True).to(tl.int32) << 16))
+        tl.store(sum_row + k2, both, mask=k_ok & writer)
+        low = low.to(tl.float32)
+        high = high.to(tl.float32)
+    squares = 0.0
+    if NORM:
+        squares = low * low + high * high
+        norm_low, norm_high = _halves(load(norm_ptr + k2, k_ok, EVEN), dtype)
+        low *= norm_low
+        high *= norm_high
+    return low, high, squares
+
+
+@triton.jit
+def _step(acc, acc_u, squares, words, words_u, scale, shift, scale_u, shift_u, x_row, res_row, sum_row, norm_ptr,
+          kw, k_ok, writer, code_mask, dtype, BITS: tl.constexpr, NORM: tl.constexpr, ADD_RES: tl.constexpr,
+          GATED: tl.constexpr, EVEN: tl.constexpr, PAIRS: tl.constexpr):
+    """One loop step: per word, sum (BASE + code) * input over its codes, then add scale * that +
+    shift * (its inputs' sum) to the word's accumulator (gate and up rows: GATED); and the
+    inputs' squares (NORM). Code j of word kw meets input PER kw + j (PAIRS: the row pointers
+    are 32-bit words of two 16-bit inputs, codes 2 p and 2 p + 1 meeting word PER / 2 kw + p)."""
+    PER: tl.constexpr = 32 // BITS
+    part = tl.zeros_like(acc)
+    part_u = part
+    xw = tl.zeros_like(squares)
+    if PAIRS:
+        first = kw * (PER // 2)  # [G, W] the pair codes 0 and 1 of each word meet
+        for p in tl.static_range(PER // 2):
+            low, high, sq = _input_pair(x_row, res_row, sum_row, norm_ptr, first + p, k_ok, writer, dtype, NORM,
+                                        ADD_RES, EVEN)
+            xw += low + high
+            squares += sq
+            part += decode_words(words, code_mask, 2 * p, BITS) * low[None, :, :]
+            part += decode_words(words, code_mask, 2 * p + 1, BITS) * high[None, :, :]
+            if GATED:
+                part_u += decode_words(words_u, code_mask, 2 * p, BITS) * low[None, :, :]
+                part_u += decode_words(words_u, code_mask, 2 * p + 1, BITS) * high[None, :, :]
+    else:
+        first = kw * PER  # [G, W] the input each word's code 0 meets
+        for j in tl.static_range(PER):
+            xj, sq = _input(x_row, res_row, sum_row, norm_ptr, first + j, k_ok, writer, dtype, NORM, ADD_RES, EVEN)
+            xw += xj
+            squares += sq
+            part += decode_words(words, code_mask, j, BITS) * xj[None, :, :]
+            if GATED:
+                part_u += decode_words(words_u, code_mask, j, BITS) * xj[None, :, :]
+    acc += part * scale[:, :, None] + shift[:, :, None] * xw[None, :, :]
+    if GATED:
+        acc_u += part_u * scale_u[:, :, None] + shift_u[:, :, None] * xw[None, :, :]
+    return acc, acc_u, squares
+
+
+@triton.jit
+def _tiles(words_ptr, scales_ptr, offsets_ptr, row_at, up_at, n, n_ok, N, block, g, kw, k_ok, num_groups,
+           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr, SPAN_WORDS: tl.constexpr,
+           GROUP: tl.constexpr, BASE: tl.constexpr, ZERO: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+           GATED: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr):
+    """Loop step ``block``'s words, scales and shifts of rows n (and of up rows N + n: GATED)."""
+    row0 = tl.program_id(0) * BLOCK_N
+    words = word_tile(words_ptr, row_at, n_ok, row0, block, kw, k_ok, BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS,
+                      EVEN, TMA)
+    scale, shift = scale_shift(scales_ptr, offsets_ptr, n, n_ok, block, g, num_groups, BLOCK_K, GROUP, BASE, ZERO,
+                               HAS_OFFSETS, EVEN)
+    words_u, scale_u, shift_u = words, scale, shift
+    if GATED:
+        words_u = word_tile(words_ptr, up_at, n_ok, N + row0, block, kw, k_ok, BLOCK_N, GROUPS_PER_BLOCK,
+                            SPAN_WORDS, EVEN, TMA)
+        scale_u, shift_u = scale_shift(scales_ptr, offsets_ptr, N + n, n_ok, block, g, num_groups, BLOCK_K, GROUP,
+                                       BASE, ZERO, HAS_OFFSETS, EVEN)
+    return words, words_u, scale, shift, scale_u, shift_u
+
+
+@triton.jit
+def _fused_quant_kernel(
+    x_ptr, res_ptr, sum_ptr, norm_ptr, words_ptr, scales_ptr, offsets_ptr, bias_ptr, add_ptr, out_ptr,
+    partial_ptr, counters_ptr, N, K, steps, eps, code_mask,
+    ROW_WORDS: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr, SPAN_WORDS: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
+    NORM: tl.constexpr, ADD_RES: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+    ADD_OUT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, INTERPRETED_STEPS: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr,
+    TMA: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr,
+):
+    """out[m, n] = epilogue(sum_k W[n, k] prologue(x[m])[k]), W [N (2N: GATED), K] from packed
+    codes. Programs: (N tiles, splits, rows). Prologue and epilogue as ``torch_triton_gemv``'s."""
+    PER: tl.constexpr = 32 // BITS
+    BASE: tl.constexpr = 128 if BITS == 4 else 384
+    BLOCK_WORDS: tl.constexpr = BLOCK_K // PER
+    row_words = ROW_WORDS
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    m = tl.program_id(2)
+    dtype = x_ptr.dtype.element_ty
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    g = tl.arange(0, GROUPS_PER_BLOCK)
+    w = tl.arange(0, SPAN_WORDS)
+    num_groups = K // GROUP if GROUP > 0 else 1
+    first = pid_k * steps  # this program's loop steps: first .. first + steps
+    row_at = words_ptr  # the words' descriptor (TMA), else the rows' pointers [BN, 1, 1]
+    up_at = words_ptr
+    if not TMA:
+        row_at = words_ptr + n[:, None, None] * row_words
+        up_at = row_at + N * row_words
+    # The first step's words and scales, which no earlier kernel writes, before waiting for it.
+    kw = first * BLOCK_WORDS + g[:, None] * SPAN_WORDS + w[None, :]  # [G, W] word columns
+    k_ok = kw < row_words
+    words, words_u, scale, shift, scale_u, shift_u = _tiles(
+        words_ptr, scales_ptr, offsets_ptr, row_at, up_at, n, n_ok, N, first, g, kw, k_ok, num_groups, BLOCK_N,
+        BLOCK_K, GROUPS_PER_BLOCK, SPAN_WORDS, GROUP, BASE, ZERO, HAS_OFFSETS, GATED, EVEN, TMA)
+    if PDL:
+        gdc_wait()
+    if PAIRS:  # the rows read and written as 32-bit words, two inputs each
+        width = K // 2
+        x_row = x_ptr.to(tl.pointer_type(tl.int32)) + m * width
+        res_row = res_ptr.to(tl.pointer_type(tl.int32)) + m * width
+        sum_row = sum_ptr.to(tl.pointer_type(tl.int32)) + m * width
+        norm_row = norm_ptr.to(tl.pointer_type(tl.int32))
+    else:
+        x_row = x_ptr + m * K
+        res_row = res_ptr + m * K
+        sum_row = sum_ptr + m * K
+        norm_row = norm_ptr
+    writer = pid_n == 0  # the program that stores the residual sum
+    acc = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS], tl.float32)
+    acc_u = acc
+    squares = tl.zeros([GROUPS_PER_BLOCK, SPAN_WORDS], tl.float32)
+    acc, acc_u, squares = _step(acc, acc_u, squares, words, words_u, scale, shift, scale_u, shift_u, x_row, res_row,
+                                sum_row, norm_row, kw, k_ok, writer, code_mask, dtype, BITS, NORM, ADD_RES, GATED,
+                                EVEN, PAIRS)
+    # The loop carries no loaded value from one step to the next: Triton's pipeliner issues the
+    # loads of the next STAGES - 1 steps while this one computes.
+    for step in tl.range(1, trip_count(steps, INTERPRETED_STEPS), num_stages=STAGES):
+        block = first + step
+        kw = block * BLOCK_WORDS + g[:, None] * SPAN_WORDS + w[None, :]
+        k_ok = kw < row_words
+        words, words_u, scale, shift, scale_u, shift_u = _tiles(
+            words_ptr, scales_ptr, offsets_ptr, row_at, up_at, n, n_ok, N, block, g, kw, k_ok, num_groups,
+            BLOCK_N, BLOCK_K, GROUPS_PER_BLOCK, SPAN_WORDS, GROUP, BASE, ZERO, HAS_OFFSETS, GATED, EVEN, TMA)
+        acc, acc_u, squares = _step(acc, acc_u, squares, words, words_u, scale, shift, scale_u, shift_u, x_row,
+                                    res_row, sum_row, norm_row, kw, k_ok, writer, code_mask, dtype, BITS, NORM,
+                                    ADD_RES, GATED, EVEN, PAIRS)
+    if PDL:  # the next kernel may launch now: its first words load under this tail
+        gdc_launch_dependents()
+    gate = tl.sum(tl.sum(acc, axis=2), axis=1)
+    up = gate
+    if GATED:
+        up = tl.sum(tl.sum(acc_u, axis=2), axis=1)
+    if NORM:  # every product above is linear in the inputs: 1 / RMS multiplies the sums
+        rstd = tl.rsqrt(tl.sum(tl.sum(squares, axis=1), axis=0) / K + eps)
+        gate *= rstd
+        up *= rstd
+    epilogue(gate, up, n, n_ok, m, tl.num_programs(2), m * tl.num_programs(0) + pid_n, N,
+             bias_ptr, add_ptr, out_ptr, partial_ptr, counters_ptr, dtype, HAS_BIAS, GATED, ADD_OUT,
+             SPLIT_K)
+
+
+def pick_config(n: int, k: int, bits: int, processors: int, tma: bool = False, norm: bool = False) -> Config:
+    """The one-row program's tiles: BLOCK_N rows by 512 (int4) or 256 (int8) inputs a step on
+    two warps, 3 (int4) or 4 (int8) steps in flight; K split only while the output tiles leave
+    multiprocessors idle, and never under a norm (each program sums the whole row's squares).
+    n: outputs (a gated product's programs read two rows of each)."""
+    config = Config(BLOCK_N, 512 if bits == 4 else 256, num_warps=2, num_stages=3 if bits == 4 else 4, tma=tma)
+    return config if norm else with_split(config, 1, n, k, processors, programs_per_processor=1)
+
+
+def fused_gemv(x: Tensor, weight: KernelWeight, bias: Tensor | None = None, *, norm: Tensor | None = None,
+               residual: Tensor | None = None, sum_out: Tensor | None = None, eps: float = 0.0,
+               gated: bool = False, add: Tensor | None = None, out_dtype: torch.dtype | None = None,
+               config: Config | None = None) -> Tensor:
+    """``torch_triton_gemv.gemv``'s contract for a weight in the Triton kernels' int8 / int4
+    layout.  x: [M, K] in the compute dtype, weight: [N, K] ([2N, K] when gated: gate rows, then
+    up rows) -> [M, N] in out_dtype (x's by default). ``config`` overrides the tile choice."""
+    m, k = x.shape
+    rows, row_words = weight.words.shape
+    bits = weight.bits
+    if row_words * PER_WORD[bits] != k:
+        raise ValueError(f"x has {k} inputs, the weight's rows {row_words * PER_WORD[bits]}")
+    n = rows // 2 if gated else rows
+    if config is None:
+        processors, tma = device_traits(x.device)
+        config = pick_config(n, k, bits, processors, tma and tma_fits(weight.words), norm is not None)
+    if residual is not None and (sum_out is None or norm is None):
+        raise ValueError("a residual added in the prologue needs a norm, and sum_out for the sum")
+    if norm is not None and config.split_k > 1:
+        raise ValueError("a product with a norm in its prologue takes whole rows: split_k 1")
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    grid = (triton.cdiv(n, config.block_n), config.split_k, m)
+    if config.split_k > 1:
+        partial = torch.empty((config.split_k, m, 2 * n if gated else n), dtype=torch.float32, device=x.device)
+        counters = split_counters(grid[0] * grid[2], x.device)
+    else:
+        partial = counters = out  # unused
+    group = weight.group_size
+    span = config.block_k if group == k else min(group, config.block_k)  # inputs of one group in a step
+    blocks = triton.cdiv(k, config.block_k)
+    steps = triton.cdiv(blocks, config.split_k)
+    words: Tensor | TensorDescriptor = weight.words
+    if config.tma:  # [BLOCK_N, BLOCK_WORDS] tiles of the words, loaded by the copy engine
+        words = TensorDescriptor.from_tensor(weight.words, [config.block_n, config.block_k // PER_WORD[bits]])
+    pdl = uses_pdl(x.device)
+    unused = out
+    _fused_quant_kernel[grid](
+        x, unused if residual is None else residual, unused if sum_out is None else sum_out,
+        unused if norm is None else norm, words, weight.scales,
+        weight.scales if weight.offsets is None else weight.offsets, unused if bias is None else bias,
+        unused if add is None else add, out, partial, counters, n, k, steps, eps, CODE_MASK[bits],
+        ROW_WORDS=row_words, BITS=bits, GROUP=0 if group == k else group, ZERO=weight.zero,
+        HAS_OFFSETS=weight.offsets is not None, SPAN_WORDS=span // PER_WORD[bits],
+        GROUPS_PER_BLOCK=config.block_k // span, NORM=norm is not None, ADD_RES=residual is not None,
+        HAS_BIAS=bias is not None, GATED=gated, ADD_OUT=add is not None,
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
+        INTERPRETED_STEPS=steps if INTERPRETED else 0,
+        EVEN=n % config.block_n == 0 and k % config.block_k == 0 and blocks % config.split_k == 0,
+        STAGES=config.num_stages, TMA=config.tma, PDL=pdl, PAIRS=x.element_size() == 2,
+        num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
+    )
+    return out
+

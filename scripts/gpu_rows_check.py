@@ -11,6 +11,9 @@
             one verification step of the same 5 tokens on a copy of the cache (logits bit for
             bit?), for decode_products "triton" without and with batch_invariant; and
             the CUDA-graph replay times (CUDA events, median of 100) of a 1-row and a 5-row step;
+* batches   plain decode steps of 1, 2, 4, 8 and 16 sequences (one token each): CUDA-graph
+            replay times (median of 50) through the fused products (1 row: the matrix-vector
+            kernel; 2..16 rows: the row kernel) against decode_products "torch" (cuBLAS);
 * products  each product of a shape (every layer's weight in turn from one CUDA graph, so L2
             serves none; prologues and epilogues as in the runner): cuBLAS at 1 and 5 rows, the
             matrix-vector kernel at 1 row, the row kernel at 1, 5, 16, 17 rows and other tiles.
@@ -183,6 +186,44 @@ def steps(shape: str, device: torch.device) -> dict:
     return out
 
 
+BATCHES = (1, 2, 4, 8, 16)
+
+
+def batches(shape: str, device: torch.device) -> dict:
+    """Replay times of plain decode steps of 1..16 sequences, fused products against cuBLAS."""
+    config, _ = bs.shape_config(shape, 1024)
+    weights = random_weights(config, str(device), "bfloat16")
+    pages = math.ceil((PROMPT + 8) / PAGE)
+    prompts = np.random.default_rng(2).integers(0, config.vocab_size, (max(BATCHES), PROMPT)).tolist()
+    out = {}
+    for choice in ("triton", "torch"):
+        runner = TorchRunner(config, weights, device=str(device), dtype="bfloat16", decode_products=choice)
+        kv = runner.new_kv_cache(pages * max(BATCHES), PAGE)
+        tables = [list(range(i * pages, (i + 1) * pages)) for i in range(max(BATCHES))]
+        for prompt, table in zip(prompts, tables):
+            runner.forward(make_batch([(prompt, 0, table, False)], PAGE), kv)
+        times = {}
+        for size in BATCHES:
+            entries = [([prompts[i][-1]], PROMPT, tables[i], False) for i in range(size)]
+            for _ in range(2):  # the first captures the graph
+                runner.forward(make_batch(entries, PAGE), kv)
+            graphs = kv.graphs[1]
+            graph, _ = graphs.graphs[graphs.padded_size(size)]
+            for _ in range(5):
+                graph.replay()
+            times[size] = median_ms(graph.replay, 50, device)
+        out[choice] = {"decode_products": runner.decode_products, "replay_ms": times}
+        log(f"  {choice}: {json.dumps(times)}")
+        del runner, kv
+        gc.collect()
+        torch.cuda.empty_cache()
+    out["triton / torch"] = {b: out["triton"]["replay_ms"][b] / out["torch"]["replay_ms"][b] for b in BATCHES}
+    del weights
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
 CANDIDATES = [  # (outputs, inputs, split, warps, stages) tried at 1 and 5 rows; splits only without a norm
     (16, 512, 1, 4, 0), (32, 256, 1, 4, 0), (64, 128, 1, 4, 0), (16, 256, 1, 4, 3), (16, 512, 1, 4, 3),
     (32, 256, 1, 4, 3), (64, 128, 1, 4, 3), (32, 128, 1, 4, 4), (64, 64, 1, 4, 4), (32, 256, 1, 8, 3),
@@ -241,7 +282,7 @@ def product_times(shape: str, device: torch.device, sweep: bool) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--parts", default="check,steps,products")
+    parser.add_argument("--parts", default="check,steps,products", help="any of check,steps,batches,products")
     parser.add_argument("--shapes", default="llama-3.2-1b,llama-3-8b")
     parser.add_argument("--no-sweep", action="store_true", help="products: the default tiles only")
     args = parser.parse_args()
@@ -256,6 +297,7 @@ def main() -> int:
         for shape in args.shapes.split(","):
             job = {"check": lambda s=shape: check(s, device),
                    "steps": lambda s=shape: steps(s, device),
+                   "batches": lambda s=shape: batches(s, device),
                    "products": lambda s=shape: product_times(s, device, not args.no_sweep)}[part]
             jobs.append((f"{part} {shape}", job))
     for name, job in jobs:

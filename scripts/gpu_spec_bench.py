@@ -127,7 +127,8 @@ def first_differences(plain: list[list[int]], spec: list[list[int]]) -> dict:
 
 def exactness(results: dict) -> None:
     """bf16 greedy, speculative vs plain, token for token, with and without batch_invariant:
-    the bundled pair (its draft model, k = 2, 4, 8; every prompt), then the target shape with
+    the bundled pair (its draft model, k = 2, 4, 8; every prompt alone, then all at once, plain
+    and speculative, against each prompt's plain tokens alone), then the target shape with
     the oracle drafter over the draft shape (a = 0.8, k = 4 and a = 0.6, k = 8), timed too."""
     out: dict = {}
     results["exactness"] = out
@@ -143,6 +144,14 @@ def exactness(results: dict) -> None:
             key = f"bundled k={k} batch_invariant={invariant}"
             out[key] = first_differences(plain, spec)
             log(f"  bf16 spec vs plain, {key}: {out[key]}")
+        # every prompt at once (decode steps of several sequences, verification of 4 x 5 rows),
+        # plain and speculative, against the plain tokens of each prompt alone
+        together = Engine(target, max_num_seqs=len(prompts))
+        batched = Engine(target, max_num_seqs=len(prompts), drafter=DraftModelDrafter(draft), num_draft=4)
+        for name, engine in (("plain", together), ("spec k=4", batched)):
+            key = f"bundled {name}, {len(prompts)} prompts at once, batch_invariant={invariant}"
+            out[key] = first_differences(plain, [c.token_ids for c in engine.generate(prompts, params)])
+            log(f"  bf16 against plain alone, {key}: {out[key]}")
         SAVE[0]()
     del draft, target
     gc.collect()

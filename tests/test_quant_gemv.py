@@ -12,8 +12,8 @@ import pytest
 from tests.interpreted import run_interpreted
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                  reason="triton is not installed; scripts/gpu_quant_kernels.py --fused "
-                                         "runs the kernels on a GPU")
+                                  reason="triton is not installed; scripts/gpu_quant_fused.py runs "
+                                         "the kernels on a GPU")
 
 # float32 throughout: the kernel's per-word sums (scale * sum of (BASE + code) * x, plus shift *
 # the word's inputs' sum) and the float32 products of the dequantized weights round differently;

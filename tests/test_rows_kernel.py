@@ -158,3 +158,35 @@ def test_batch_invariant_flag_errors_in_one_line(extra, message):
     assert done.returncode != 0 and done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), done.stderr
+
+
+@needs_triton
+def test_each_step_takes_the_layer_functions_its_rows_call_for(oracle_model):
+    """TorchRunner._layer_fns, with the fused sets that decode_products="triton" builds on CUDA:
+    one decode row the matrix-vector kernels, 2..16 rows the row kernel, more the compiled
+    functions, prefill chunks (with any decode rows beside them) eager; with batch_invariant
+    every decode-only step the row kernel, whatever its rows."""
+    from tinyinfer.runners.runner import make_batch
+    from tinyinfer.runners.torch_fast import FUSED_MAX_ROWS
+
+    folder, _ = oracle_model("llama-gqa-untied")
+    runner = tinyinfer.load(folder, runner="torch", device="cpu").runner
+    runner._fused = runner._fused_layer_fns()
+
+    def fns(entries):
+        return runner._layer_fns(runner._step_inputs(make_batch(entries, 4), 4))[0]
+
+    def decoding(sequences, tokens=1):
+        return [(list(range(1, tokens + 1)), 2, [4 * i + j for j in range(4)], tokens > 1) for i in range(sequences)]
+
+    mixed = [([5, 9, 2, 11, 3, 8], 0, [0, 1], False), ([4], 6, [2, 3], False)]
+    assert fns(decoding(1)) is runner._fused["gemv"]
+    assert fns(decoding(1, tokens=5)) is runner._fused["rows"]  # a verification of 4 drafts
+    assert fns(decoding(FUSED_MAX_ROWS)) is runner._fused["rows"]
+    assert fns(decoding(FUSED_MAX_ROWS + 1)) is runner._decode_fns
+    assert fns(decoding(2, tokens=9)) is runner._decode_fns  # 18 rows
+    assert fns(mixed) is runner._eager
+    runner.batch_invariant = True
+    for entries in (decoding(1), decoding(FUSED_MAX_ROWS + 1), decoding(2, tokens=9)):
+        assert fns(entries) is runner._fused["rows"]
+    assert fns(mixed) is runner._eager

@@ -34,7 +34,7 @@ def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") ->
     add_kv_cache_dtype_arg(parser)
     parser.add_argument("--batch-invariant", action="store_true",
                         help="torch runner on CUDA: compute each row of a decode step as it is "
-                             "computed alone (every step of 1..17 rows through the batch-invariant "
+                             "computed alone (every decode-only step through the batch-invariant "
                              "products), so speculative greedy output is plain greedy output in "
                              "bf16 too; costs speed at one row (docs/fast-path.md)")
     parser.add_argument("--all-reduce", choices=("auto", "nccl", "symm_mem"), default=None,
@@ -88,13 +88,14 @@ def sampling_params(args: argparse.Namespace, stop: tuple[str, ...] = ()):
     )
 
 
-def runner_options(args: argparse.Namespace) -> dict[str, object]:
-    """The torch runner's options the flags name (--batch-invariant, and the ranks' options)."""
+def runner_options(args: argparse.Namespace, preset: bool = False) -> dict[str, object]:
+    """The torch runner's options the flags name (--batch-invariant, and the ranks' options).
+    ``preset``: a bench preset, which always runs the torch runner."""
     from tinyinfer.errors import TinyInferError
 
     options = tensor_parallel_options(args)
     if args.batch_invariant:
-        if args.runner != "torch":
+        if args.runner != "torch" and not preset:
             raise TinyInferError("--batch-invariant applies to the torch runner: add --runner torch")
         options["batch_invariant"] = True
     return options

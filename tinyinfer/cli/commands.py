@@ -20,7 +20,6 @@ from tinyinfer.cli.args import (
     load_model,
     runner_options,
     sampling_params,
-    tensor_parallel_options,
 )
 from tinyinfer.cli.common import (
     Parser,
@@ -191,13 +190,13 @@ def _bench_shapes(args: argparse.Namespace) -> int:
                                      "--tensor-parallel")
             model = bs.shape_tensor_parallel(args.preset, args.tensor_parallel, device, dtype,
                                              kv_cache_dtype=args.kv_cache_dtype,
-                                             **tensor_parallel_options(args))
+                                             **runner_options(args, preset=True))
             peer = None
         else:
             model, peer = bs.shape_models(args.preset, device, dtype, with_peer=with_peer,
                                           quantize=args.quantize, quantize_head=args.quantize_head,
                                           kv_cache_dtype=args.kv_cache_dtype,
-                                          batch_invariant=args.batch_invariant)
+                                          **runner_options(args, preset=True))
     elif args.tensor_parallel > 1:
         model, peer = load_model(args), None
     else:

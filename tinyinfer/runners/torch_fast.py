@@ -59,10 +59,10 @@ DECODE_PRODUCTS = ("auto", "triton", "torch")
 # graphs): a verification step of the most draft tokens the engine allows, 16, plus one.
 MAX_DECODE_TOKENS = 17
 # Decode steps of at most this many rows run the fused Triton products (decode_products="triton"):
-# one row the matrix-vector kernels (torch_triton_gemv; with batch_invariant, the row kernel too),
-# 2..FUSED_MAX_ROWS -- a verification of up to 16 drafted tokens -- the batch-invariant row
-# kernel (torch_triton_rows), which computes each row as it computes a row alone.
-FUSED_MAX_ROWS = MAX_DECODE_TOKENS
+# one row the matrix-vector kernels (torch_triton_gemv), 2..FUSED_MAX_ROWS the batch-invariant row
+# kernel (torch_triton_rows), one tile of 16 rows: past it the row kernel reads the weights once
+# per 16 rows and cuBLAS is faster. With batch_invariant every decode-only step runs the row kernel.
+FUSED_MAX_ROWS = 16
 QUANT_KERNELS = ("auto", "triton", "torch")
 
 
@@ -366,16 +366,18 @@ class TorchRunner:
 
     def _layer_fns(self, step: _Step) -> tuple[tuple[Callable[..., Any], ...], Callable[..., Tensor]]:
         """The layer functions a step runs, and its decode attention. Prefill chunks (compute-
-        bound, shapes that vary every step) run eager; decode steps (memory-bound, many small
-        kernels) run the compiled functions, or, up to FUSED_MAX_ROWS rows, the fused Triton
-        products where they apply: the batch-invariant row kernel, or at one row the matrix-
-        vector kernel unless every step must compute a row as a verification step does
-        (batch_invariant). Quantized weights have no row kernel: their steps of 2..17 rows run
-        the compiled functions."""
+        bound, shapes that vary every step) run eager, with the decode rows beside them; decode
+        steps (memory-bound, many small kernels) run the compiled functions, or the fused Triton
+        products where they apply: one row the matrix-vector kernel, 2..FUSED_MAX_ROWS rows the
+        batch-invariant row kernel; with batch_invariant, every decode-only step the row kernel,
+        whatever its rows, so that a row is computed as it is alone. Quantized weights have no
+        row kernel: their steps of more than one row run the compiled functions."""
         rows = len(step.token_ids)
         if step.prefills:
             return self._eager, self.decode_attention
-        kind = "gemv" if rows == 1 and not self.batch_invariant else "rows"
+        if self.batch_invariant:
+            return self._fused["rows"], self._fused_attention
+        kind = "gemv" if rows == 1 else "rows"
         if kind in self._fused and rows <= FUSED_MAX_ROWS:
             return self._fused[kind], self._fused_attention
         return self._decode_fns, self.decode_attention

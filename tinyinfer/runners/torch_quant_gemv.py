@@ -53,6 +53,7 @@ from tinyinfer.runners.torch_quant_kernel import (
 from tinyinfer.runners.torch_triton import uses_pdl
 from tinyinfer.runners.triton_common import (
     INTERPRETED,
+    check_prologue,
     epilogue,
     load,
     split_counters,
@@ -285,10 +286,7 @@ def fused_gemv(x: Tensor, weight: KernelWeight, bias: Tensor | None = None, *, n
     if config is None:
         processors, tma = device_traits(x.device)
         config = pick_config(n, k, bits, processors, tma and tma_fits(weight.words), norm is not None)
-    if residual is not None and (sum_out is None or norm is None):
-        raise ValueError("a residual added in the prologue needs a norm, and sum_out for the sum")
-    if norm is not None and config.split_k > 1:
-        raise ValueError("a product with a norm in its prologue takes whole rows: split_k 1")
+    check_prologue(norm, residual, sum_out, config.split_k)
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k, m)
     if config.split_k > 1:

@@ -46,6 +46,7 @@ from tinyinfer.runners.torch_layers import KernelWeight
 from tinyinfer.runners.torch_quant_gemv import fused_gemv
 from tinyinfer.runners.triton_common import (
     INTERPRETED,
+    check_prologue,
     epilogue,
     load,
     split_counters,
@@ -163,12 +164,16 @@ def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *
     A weight in the Triton kernels' int8 / int4 layout goes to ``torch_quant_gemv.fused_gemv``
     (same contract, the codes read as stored)."""
     if isinstance(weight, KernelWeight):
+        if config is not None:
+            raise ValueError("config holds a 16-bit product's tiles: a quantized weight's product "
+                             "picks its own (torch_quant_gemv.pick_config)")
         return fused_gemv(x, weight, bias, norm=norm, residual=residual, sum_out=sum_out, eps=eps, gated=gated,
                           add=add, out_dtype=out_dtype)
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     if config is None:
         config = pick_config(n, k, gated)
+    check_prologue(norm, residual, sum_out, config.split_k, norm_splits=True)
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k, m)
     if config.split_k > 1:
@@ -177,8 +182,6 @@ def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *
         counters = split_counters(grid[0] * grid[2], x.device)
     else:
         partial = counters = out  # unused
-    if residual is not None and sum_out is None:
-        raise ValueError("a residual added in the prologue needs sum_out for the sum")
     blocks = triton.cdiv(k, config.block_k)
     steps = triton.cdiv(blocks, config.split_k)
     pdl = uses_pdl(x.device)

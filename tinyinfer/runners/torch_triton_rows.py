@@ -1,4 +1,4 @@
-"""Batch-invariant fused decode products for 1..17 rows, on the matrix units (GPU only).
+"""Batch-invariant fused decode products for any number of rows, on the matrix units (GPU only).
 
 Imported only where Triton is installed. A verification step scores k + 1 tokens of a sequence
 at once; for speculative greedy decoding to give plain greedy decoding's tokens in bf16, every
@@ -20,8 +20,9 @@ row's rounding depends on how many rows share the step. Here nothing does:
   weights with round(x * g) rather than the product with round(x * g / rms): the sum of squares
   is taken in the product's own loop, so no program walks its rows' inputs twice (a separate
   pass cost up to 6 us per product at one row). Products with a norm are never split, since
-  each program needs all of its rows' inputs; the others split K as ``torch_triton_gemv`` does,
-  adding float32 partials in a fixed order.
+  each program needs all of its rows' inputs; the others may split K as ``torch_triton_gemv`` does,
+  adding float32 partials in a fixed order (a ``Config`` with split_k > 1: the tile sweep of
+  ``scripts/gpu_rows_check.py`` tries it; ``pick_config`` measured no gain from it).
 
 The decode attention kernel already computes a row the same way whatever q is, and embedding,
 RoPE and the greedy argmax are per row, so a verification step through these products gives
@@ -35,7 +36,7 @@ a [BLOCK_K, 16] tile of x in every program (as much arithmetic as a 16-output we
 further from the copy bandwidth. Measured on an H100 (docs/fast-path.md), a one-row step took
 22 % (1B shape) and 6 % (8B) longer than through the matrix-vector kernels, far from the 2 %
 that would have made it the one path; so the runner's ``batch_invariant`` option sends one-row
-steps here too, for exactness, and by default only steps of 2..17 rows come here.
+steps here too, for exactness, and by default only steps of 2..16 rows (one row tile) come here.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from tinyinfer.runners import torch_triton_gemv as gemv_kernels
 from tinyinfer.runners.torch_triton import uses_pdl
 from tinyinfer.runners.triton_common import (
     INTERPRETED,
+    check_prologue,
     epilogue,
     load,
     split_counters,
@@ -206,6 +208,7 @@ def rows_product(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm:
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     if config is None:
         config = pick_config(n, k, gated, norm is not None)
+    check_prologue(norm, residual, sum_out, config.split_k)
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k, triton.cdiv(m, ROWS))
     if config.split_k > 1:
@@ -214,11 +217,6 @@ def rows_product(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm:
         counters = split_counters(grid[0] * grid[2], x.device)
     else:
         partial = counters = out  # unused
-    if residual is not None and sum_out is None:
-        raise ValueError("a residual added in the prologue needs sum_out for the sum")
-    if norm is not None and config.split_k > 1:
-        raise ValueError("a product with RMSNorm in its prologue runs unsplit: each program needs "
-                         "every input of its rows for their norm")
     blocks = triton.cdiv(k, config.block_k)
     steps = triton.cdiv(blocks, config.split_k)
     pdl = uses_pdl(x.device)

@@ -53,6 +53,17 @@ def split_fits(tiles: int) -> bool:
     return tiles <= MAX_TILES
 
 
+def check_prologue(norm: object, residual: object, sum_out: object, split_k: int,
+                   norm_splits: bool = False) -> None:
+    """The fused products' prologue takes a residual only before a norm, writing the rounded sum
+    to sum_out. A product whose norm comes from its own loop needs whole rows of inputs (no split
+    K); ``norm_splits``: the kernel normalises each row in a pass of its own, so it may split."""
+    if residual is not None and (sum_out is None or norm is None):
+        raise ValueError("a residual added in the prologue needs a norm, and sum_out for the sum")
+    if norm is not None and split_k > 1 and not norm_splits:
+        raise ValueError("a product with a norm in its prologue takes whole rows: split_k 1")
+
+
 # The fused products' epilogue (``torch_triton_gemv`` and ``torch_quant_gemv``), with the roundings
 # of the compiled layer functions (sums in float32, each product's output rounded to the compute
 # dtype before it is used).

@@ -314,8 +314,8 @@ class ShardRunner(TorchRunner):
 
     Decode steps replay CUDA graphs as on one GPU: the all-reduces and the logits all-gather
     are captured with the layers, and every rank captures the same step at the same moment,
-    because every rank runs the same commands in the same order. Batch-1 decode steps run the
-    fused Triton products where one GPU would (``decode_products``, "auto" by default): the
+    because every rank runs the same commands in the same order. Decode steps run the fused
+    Triton products where one GPU would (``decode_products``, "auto" by default): the
     residual add and norm after each all-reduce become the next product's prologue.
 
     Every rank ends a step with the whole vocabulary's logits [R, V] (``launch_logits``; rank 0

@@ -165,7 +165,7 @@ def test_each_step_takes_the_layer_functions_its_rows_call_for(oracle_model):
     """TorchRunner._layer_fns, with the fused sets that decode_products="triton" builds on CUDA:
     one decode row the matrix-vector kernels, 2..16 rows the row kernel, more the compiled
     functions, prefill chunks (with any decode rows beside them) eager; with batch_invariant
-    every decode-only step the row kernel, whatever its rows."""
+    every step the row kernel, whatever its rows, prefill chunks too."""
     from tinyinfer.runners.runner import make_batch
     from tinyinfer.runners.torch_fast import FUSED_MAX_ROWS
 
@@ -187,6 +187,5 @@ def test_each_step_takes_the_layer_functions_its_rows_call_for(oracle_model):
     assert fns(decoding(2, tokens=9)) is runner._decode_fns  # 18 rows
     assert fns(mixed) is runner._eager
     runner.batch_invariant = True
-    for entries in (decoding(1), decoding(FUSED_MAX_ROWS + 1), decoding(2, tokens=9)):
+    for entries in (decoding(1), decoding(FUSED_MAX_ROWS + 1), decoding(2, tokens=9), mixed):
         assert fns(entries) is runner._fused["rows"]
-    assert fns(mixed) is runner._eager

@@ -165,13 +165,17 @@ class TorchRunner:
             self._fused = self._fused_layer_fns()
             if self._fusable() == "quantized":  # the row kernel reads float16/bfloat16 weights only
                 del self._fused["rows"]
-            if self.decode_attention_kind == "triton":
-                self._fused_attention = functools.partial(self.decode_attention, pdl=True)
-        if batch_invariant and "rows" not in self._fused:
-            raise TinyInferError("batch_invariant needs the fused products (decode_products="
-                                 "'triton': CUDA, the triton package, RMSNorm, a gated MLP, "
-                                 "unquantized float16/bfloat16 weights)")
+        if batch_invariant and ("rows" not in self._fused or self.decode_attention_kind != "triton"):
+            raise TinyInferError("batch_invariant needs the fused products and the Triton decode "
+                                 "attention (decode_products='triton', decode_attention='triton': "
+                                 "CUDA, the triton package, RMSNorm, a gated MLP, unquantized "
+                                 "float16/bfloat16 weights)")
         self.batch_invariant = bool(batch_invariant)
+        if self._fused and self.decode_attention_kind == "triton":
+            # batch_invariant: every row's context in the same number of splits whatever the
+            # number of sequences (by default the splits fill the GPU for the batch at hand)
+            splits = {"num_splits": _triton_max_splits()} if self.batch_invariant else {}
+            self._fused_attention = functools.partial(self.decode_attention, pdl=True, **splits)
         self._greedy_reduce = torch.compile(greedy_reduce) if self.compile else greedy_reduce
         self._announced_compile = False
 
@@ -369,14 +373,16 @@ class TorchRunner:
         bound, shapes that vary every step) run eager, with the decode rows beside them; decode
         steps (memory-bound, many small kernels) run the compiled functions, or the fused Triton
         products where they apply: one row the matrix-vector kernel, 2..FUSED_MAX_ROWS rows the
-        batch-invariant row kernel; with batch_invariant, every decode-only step the row kernel,
-        whatever its rows, so that a row is computed as it is alone. Quantized weights have no
+        batch-invariant row kernel; with batch_invariant, every step the row kernel, prefill
+        chunks too, whatever its rows, so that a row is computed as it is alone (the prefill
+        attention cuts each sequence into its own tiles, and the decode attention then splits
+        every context alike). Quantized weights have no
         row kernel: their steps of more than one row run the compiled functions."""
         rows = len(step.token_ids)
-        if step.prefills:
-            return self._eager, self.decode_attention
         if self.batch_invariant:
             return self._fused["rows"], self._fused_attention
+        if step.prefills:
+            return self._eager, self.decode_attention
         kind = "gemv" if rows == 1 else "rows"
         if kind in self._fused and rows <= FUSED_MAX_ROWS:
             return self._fused[kind], self._fused_attention
@@ -597,6 +603,13 @@ def _timing_event(device: torch.device) -> Any:
     event = torch.cuda.Event(enable_timing=True)
     event.record()
     return event
+
+
+def _triton_max_splits() -> int:
+    """The decode attention kernel's most context splits (Triton installed)."""
+    from tinyinfer.runners import torch_triton
+
+    return torch_triton.MAX_SPLITS
 
 
 def _triton_decode_attention() -> Callable[..., Tensor] | None:

@@ -56,7 +56,7 @@ from tinyinfer.runners.triton_common import (
     check_prologue,
     epilogue,
     load,
-    split_counters,
+    split_buffers,
     trip_count,
 )
 
@@ -289,11 +289,7 @@ def fused_gemv(x: Tensor, weight: KernelWeight, bias: Tensor | None = None, *, n
     check_prologue(norm, residual, sum_out, config.split_k)
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k, m)
-    if config.split_k > 1:
-        partial = torch.empty((config.split_k, m, 2 * n if gated else n), dtype=torch.float32, device=x.device)
-        counters = split_counters(grid[0] * grid[2], x.device)
-    else:
-        partial = counters = out  # unused
+    partial, counters = split_buffers(config.split_k, m, 2 * n if gated else n, grid[0] * grid[2], out)
     group = weight.group_size
     span = config.block_k if group == k else min(group, config.block_k)  # inputs of one group in a step
     blocks = triton.cdiv(k, config.block_k)

@@ -49,7 +49,7 @@ from tinyinfer.runners.triton_common import (
     check_prologue,
     epilogue,
     load,
-    split_counters,
+    split_buffers,
     split_fits,
     trip_count,
 )
@@ -176,12 +176,7 @@ def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *
     check_prologue(norm, residual, sum_out, config.split_k, norm_splits=True)
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k, m)
-    if config.split_k > 1:
-        partial = torch.empty((config.split_k, m, 2 * n if gated else n), dtype=torch.float32,
-                              device=x.device)
-        counters = split_counters(grid[0] * grid[2], x.device)
-    else:
-        partial = counters = out  # unused
+    partial, counters = split_buffers(config.split_k, m, 2 * n if gated else n, grid[0] * grid[2], out)
     blocks = triton.cdiv(k, config.block_k)
     steps = triton.cdiv(blocks, config.split_k)
     pdl = uses_pdl(x.device)

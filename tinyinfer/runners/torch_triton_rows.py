@@ -57,7 +57,7 @@ from tinyinfer.runners.triton_common import (
     check_prologue,
     epilogue,
     load,
-    split_counters,
+    split_buffers,
     trip_count,
 )
 
@@ -211,12 +211,8 @@ def rows_product(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm:
     check_prologue(norm, residual, sum_out, config.split_k)
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k, triton.cdiv(m, ROWS))
-    if config.split_k > 1:
-        partial = torch.empty((config.split_k, grid[2] * ROWS, 2 * n if gated else n),
-                              dtype=torch.float32, device=x.device)
-        counters = split_counters(grid[0] * grid[2], x.device)
-    else:
-        partial = counters = out  # unused
+    partial, counters = split_buffers(config.split_k, grid[2] * ROWS, 2 * n if gated else n,
+                                      grid[0] * grid[2], out)
     blocks = triton.cdiv(k, config.block_k)
     steps = triton.cdiv(blocks, config.split_k)
     pdl = uses_pdl(x.device)

@@ -53,6 +53,15 @@ def split_fits(tiles: int) -> bool:
     return tiles <= MAX_TILES
 
 
+def split_buffers(split_k: int, rows: int, width: int, tiles: int, out: Tensor) -> tuple[Tensor, Tensor]:
+    """Split K's float32 partials [split_k, rows, width] (``epilogue``'s layout) and a counter per
+    output tile; without a split, ``out`` stands in for both (the kernel never reads them)."""
+    if split_k == 1:
+        return out, out
+    return (torch.empty((split_k, rows, width), dtype=torch.float32, device=out.device),
+            split_counters(tiles, out.device))
+
+
 def check_prologue(norm: object, residual: object, sum_out: object, split_k: int,
                    norm_splits: bool = False) -> None:
     """The fused products' prologue takes a residual only before a norm, writing the rounded sum

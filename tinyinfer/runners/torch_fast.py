@@ -61,7 +61,7 @@ MAX_DECODE_TOKENS = 17
 # Decode steps of at most this many rows run the fused Triton products (decode_products="triton"):
 # one row the matrix-vector kernels (torch_triton_gemv), 2..FUSED_MAX_ROWS the batch-invariant row
 # kernel (torch_triton_rows), one tile of 16 rows: past it the row kernel reads the weights once
-# per 16 rows and cuBLAS is faster. With batch_invariant every decode-only step runs the row kernel.
+# per 16 rows and cuBLAS is faster. With batch_invariant every step runs the row kernel.
 FUSED_MAX_ROWS = 16
 QUANT_KERNELS = ("auto", "triton", "torch")
 
@@ -212,9 +212,9 @@ class TorchRunner:
         return "triton" if choice == "triton" or (choice == "auto" and usable) else "torch"
 
     def _pick_decode_products(self, choice: str) -> str:
-        """"triton": batch-1 decode steps through the fused Triton products
+        """"triton": decode steps of up to FUSED_MAX_ROWS rows through the fused Triton products
         (``torch_triton_gemv``: norms, residual adds and SiLU·mul inside the matrix-vector
-        kernels; int8/int4 weights in the Triton kernels' layout through ``torch_quant_gemv``);
+        kernels, ``torch_triton_rows`` for 2..16 rows; int8/int4 weights in the Triton kernels' layout through ``torch_quant_gemv``);
         "torch": the compiled layer functions and cuBLAS (or the quantized products); "auto":
         "triton" where it applies (CUDA, Triton installed, RMSNorm and a gated MLP) and every
         weight is fp16/bf16: the fused quantized products ran slower than the compiled glue
@@ -376,8 +376,8 @@ class TorchRunner:
         batch-invariant row kernel; with batch_invariant, every step the row kernel, prefill
         chunks too, whatever its rows, so that a row is computed as it is alone (the prefill
         attention cuts each sequence into its own tiles, and the decode attention then splits
-        every context alike). Quantized weights have no
-        row kernel: their steps of more than one row run the compiled functions."""
+        every context alike). Quantized weights have no row kernel: their steps of more than one
+        row run the compiled functions."""
         rows = len(step.token_ids)
         if self.batch_invariant:
             return self._fused["rows"], self._fused_attention

@@ -52,6 +52,7 @@ from tinyinfer.runners.triton_common import (
     split_buffers,
     split_fits,
     trip_count,
+    weight_tiles,
 )
 
 
@@ -88,11 +89,7 @@ def _gemv_kernel(
     up_rows = rows + N * K
     # The first tile of weights, which no earlier kernel writes, before waiting for that kernel.
     k = first + kk
-    w_ok = n_ok[:, None] & (k < K)[None, :]
-    w = load(rows + k[None, :], w_ok, EVEN)
-    u = w
-    if GATED:
-        u = load(up_rows + k[None, :], w_ok, EVEN)
+    w, u = weight_tiles(rows, up_rows, k, n_ok, K, EVEN, GATED)
     if PDL:
         gdc_wait()
     x_row = x_ptr + m * K
@@ -114,11 +111,7 @@ def _gemv_kernel(
         # the next step's weights, in flight while this step computes (the last step reads its
         # own tile again rather than test a mask)
         ahead = k + BLOCK_K * (step + 1 < steps).to(tl.int32)
-        ahead_ok = n_ok[:, None] & (ahead < K)[None, :]
-        w_next = load(rows + ahead[None, :], ahead_ok, EVEN)
-        u_next = w_next
-        if GATED:
-            u_next = load(up_rows + ahead[None, :], ahead_ok, EVEN)
+        w_next, u_next = weight_tiles(rows, up_rows, ahead, n_ok, K, EVEN, GATED)
         xk = load(x_row + k, k_ok, EVEN).to(tl.float32)
         if NORM:
             if ADD_RES:

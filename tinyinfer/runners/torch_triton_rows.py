@@ -59,6 +59,7 @@ from tinyinfer.runners.triton_common import (
     load,
     split_buffers,
     trip_count,
+    weight_tiles,
 )
 
 ROWS = 16  # rows a program multiplies: tl.dot's smallest dimension
@@ -127,11 +128,7 @@ def _rows_kernel(
     writer = (pid_n == 0) & (pid_k == 0)  # writes the rounded residual sum (ADD_RES)
     # The first tile of weights, which no earlier kernel writes, before waiting for that kernel.
     k = first + kk
-    w_ok = n_ok[:, None] & (k < K)[None, :]
-    w = load(rows + k[None, :], w_ok, EVEN)
-    u = w
-    if GATED:
-        u = load(up_rows + k[None, :], w_ok, EVEN)
+    w, u = weight_tiles(rows, up_rows, k, n_ok, K, EVEN, GATED)
     if PDL:
         gdc_wait()
     acc = tl.zeros([BLOCK_N, 16], tl.float32)
@@ -144,11 +141,7 @@ def _rows_kernel(
         for step in range(total):
             k = first + step * BLOCK_K + kk
             ahead = k + BLOCK_K * (step + 1 < steps).to(tl.int32)
-            ahead_ok = n_ok[:, None] & (ahead < K)[None, :]
-            w_next = load(rows + ahead[None, :], ahead_ok, EVEN)
-            u_next = w_next
-            if GATED:
-                u_next = load(up_rows + ahead[None, :], ahead_ok, EVEN)
+            w_next, u_next = weight_tiles(rows, up_rows, ahead, n_ok, K, EVEN, GATED)
             acc, acc_u, squares = _accumulate(w, u, k, acc, acc_u, squares, r, r_ok, x_cols,
                                               res_cols, norm_ptr, sum_ptr, K, writer, dtype,
                                               NORM, ADD_RES, GATED, EVEN)
@@ -162,11 +155,7 @@ def _rows_kernel(
                                           GATED, EVEN)
         for step in tl.range(1, total, num_stages=STAGES):
             k = first + step * BLOCK_K + kk
-            w_ok = n_ok[:, None] & (k < K)[None, :]
-            w = load(rows + k[None, :], w_ok, EVEN)
-            u = w
-            if GATED:
-                u = load(up_rows + k[None, :], w_ok, EVEN)
+            w, u = weight_tiles(rows, up_rows, k, n_ok, K, EVEN, GATED)
             acc, acc_u, squares = _accumulate(w, u, k, acc, acc_u, squares, r, r_ok, x_cols,
                                               res_cols, norm_ptr, sum_ptr, K, writer, dtype,
                                               NORM, ADD_RES, GATED, EVEN)

@@ -79,6 +79,18 @@ def check_prologue(norm: object, residual: object, sum_out: object, split_k: int
 
 
 @triton.jit
+def weight_tiles(rows, up_rows, k, n_ok, K, EVEN: tl.constexpr, GATED: tl.constexpr):
+    """A product's tile of weights at inputs k of ``rows`` [BN, 1] pointers, and of ``up_rows``
+    (GATED; else the same tile twice), masked to outputs n_ok and inputs below K."""
+    ok = n_ok[:, None] & (k < K)[None, :]
+    w = load(rows + k[None, :], ok, EVEN)
+    u = w
+    if GATED:
+        u = load(up_rows + k[None, :], ok, EVEN)
+    return w, u
+
+
+@triton.jit
 def finish(gate, up, n, n_ok, m, N, bias_ptr, add_ptr, out_ptr, dtype,
            HAS_BIAS: tl.constexpr, GATED: tl.constexpr, ADD_OUT: tl.constexpr):
     """The epilogue of outputs n of row m: bias, rounding to the compute dtype, silu(gate) * up,

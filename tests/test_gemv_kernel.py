@@ -60,9 +60,9 @@ print('ok')
 @needs_triton
 @pytest.mark.parametrize("name", ["llama-gqa-untied", "qwen2-bias"])
 def test_runner_decodes_through_the_fused_products_as_through_torch(name, oracle_model):
-    """Prefill, then batch-1 decode steps: with the fused products swapped in (the runner takes
-    decode_products="triton" only on CUDA), the same float32 logits as the torch path; a batch
-    of two rows runs the row kernel (test_rows_kernel.py)."""
+    """Prefill, then batch-1 decode steps: with decode_products="triton" (which the CPU takes
+    under Triton's interpreter), the same float32 logits as the torch path; a batch of two rows
+    runs the row kernel (test_rows_kernel.py)."""
     folder, _ = oracle_model(name)
     a, b = [0, 1, 2, 3], [4, 5, 6, 7]
     steps = [[([5, 9, 2, 11, 3, 8], 0, a, False), ([4, 4, 1], 0, b, False)]]
@@ -71,8 +71,9 @@ def test_runner_decodes_through_the_fused_products_as_through_torch(name, oracle
     code = (
         "import numpy as np\nimport tinyinfer\n"
         "from tinyinfer.runners.runner import make_batch\n"
-        f"runners = [tinyinfer.load({str(folder)!r}, runner='torch', device='cpu').runner for _ in range(2)]\n"
-        "runners[1]._fused = runners[1]._fused_layer_fns()\n"
+        f"runners = [tinyinfer.load({str(folder)!r}, runner='torch', device='cpu', decode_products=products).runner\n"
+        "           for products in ('torch', 'triton')]\n"
+        "assert [r.describe()['decode_products'] for r in runners] == ['torch', 'triton']\n"
         "caches = [r.new_kv_cache(32, 4) for r in runners]\n"
         f"for entries in {steps!r}:\n"
         "    ref, got = (r.forward(make_batch(entries, 4), kv) for r, kv in zip(runners, caches))\n"
@@ -185,9 +186,9 @@ def test_shard_decodes_through_the_fused_products_as_through_torch():
         "from tinyinfer.runners.tp.shard import ShardRunner\n"
         "from tinyinfer.weights import load_weights\n"
         "config = load_config(BUNDLED['bundled'])\n"
-        "runners = [ShardRunner(config, load_weights(BUNDLED['bundled'], config), 0, 1, device='cpu') for _ in range(2)]\n"
-        "assert runners[1].describe()['decode_products'] == 'torch'  # 'auto' on the CPU\n"
-        "runners[1]._fused = runners[1]._fused_layer_fns()\n"
+        "runners = [ShardRunner(config, load_weights(BUNDLED['bundled'], config), 0, 1, device='cpu',\n"
+        "                       decode_products=products) for products in ('auto', 'triton')]\n"
+        "assert [r.describe()['decode_products'] for r in runners] == ['torch', 'triton']  # 'auto': CUDA only\n"
         "caches = [r.new_kv_cache(32, 4) for r in runners]\n"
         f"for entries in {steps!r}:\n"
         "    ref, got = (r.forward(make_batch(entries, 4), kv) for r, kv in zip(runners, caches))\n"

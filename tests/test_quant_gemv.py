@@ -147,9 +147,9 @@ print("ok")
 @pytest.mark.parametrize("name, fmt", [("llama-gqa-untied", "int4-g32+head"), ("qwen2-bias", "int8")])
 def test_runner_decodes_quantized_models_through_the_fused_products(name, fmt, oracle_model):
     """A model quantized in the Triton kernels' layout (with its head, and a tied one without):
-    prefill, then batch-1 decode steps through the fused products (the runner takes
-    decode_products="triton" only on CUDA), against the same runner through its unfused
-    quantized products (kernel_inputs, then the operator)."""
+    prefill, then batch-1 decode steps through the fused products (decode_products="triton",
+    under Triton's CPU interpreter), against the same runner through its unfused quantized
+    products (kernel_inputs, then the operator)."""
     folder, _ = oracle_model(name)
     a, b = [0, 1, 2, 3], [4, 5, 6, 7]
     steps = [[([5, 9, 2], 0, a, False), ([4, 1], 0, b, False)]]
@@ -162,16 +162,13 @@ from tinyinfer.weights import load_weights
 from tinyinfer.runners import torch_layers as L
 from tinyinfer.runners.runner import make_batch
 from tinyinfer.runners.torch_fast import TorchRunner
-from tinyinfer.runners.torch_weights import DeviceWeights
 checkpoint = open_checkpoint({str(folder)!r})
 config = checkpoint.config
 weights = quantize_weights(load_weights(checkpoint.path, config), QuantConfig.parse({fmt!r}))
-runners = [TorchRunner(config, weights, device="cpu", dtype="float32") for _ in range(2)]
-for runner in runners:  # the Triton kernels' layout, which the runner takes on CUDA only
-    runner.w = DeviceWeights.load(config, weights, torch.device("cpu"), torch.float32, quant_kernel="triton")
+runners = [TorchRunner(config, weights, device="cpu", dtype="float32", quant_kernel="triton",
+                       decode_products=products) for products in ("torch", "triton")]
 assert isinstance(runners[1].w.layers[0].mlp_in[0], L.KernelWeight)
 assert isinstance(runners[1].w.head, L.KernelWeight) == ("+head" in {fmt!r})
-runners[1]._fused = {{"gemv": runners[1]._fused_layer_fns()["gemv"]}}  # no row kernel for quantized weights
 caches = [r.new_kv_cache(32, 4) for r in runners]
 for entries in {steps!r}:
     ref, got = (r.forward(make_batch(entries, 4), kv) for r, kv in zip(runners, caches))

@@ -111,20 +111,17 @@ print('ok')
 @needs_triton
 @pytest.mark.parametrize("name", ["llama-gqa-untied", "qwen2-bias"])
 def test_verification_step_equals_plain_steps_bit_for_bit(name, oracle_model):
-    """A runner with the row products and the Triton decode attention (as decode_products=
-    "triton" and batch_invariant=True give on CUDA): the logits of one verification step of 5
-    tokens are those of 5 plain one-token steps over the same tokens, bit for bit, and match
-    the torch path's."""
+    """A runner with batch_invariant=True (the row products and the Triton decode attention,
+    here under Triton's CPU interpreter): the logits of one verification step of 5 tokens are
+    those of 5 plain one-token steps over the same tokens, bit for bit, and match the torch
+    path's."""
     folder, _ = oracle_model(name)
     code = (
-        "import functools\nimport numpy as np\nimport tinyinfer\n"
+        "import numpy as np\nimport tinyinfer\n"
         "from tinyinfer.runners.runner import make_batch\n"
-        "from tinyinfer.runners import torch_triton\n"
-        f"ref, runner = (tinyinfer.load({str(folder)!r}, runner='torch', device='cpu').runner for _ in range(2))\n"
-        "runner._fused = runner._fused_layer_fns()\n"
-        "runner.batch_invariant = True\n"
-        "runner.decode_attention = runner._fused_attention = functools.partial(\n"
-        "    torch_triton.paged_decode_attention, num_splits=2)\n"
+        f"ref = tinyinfer.load({str(folder)!r}, runner='torch', device='cpu').runner\n"
+        f"runner = tinyinfer.load({str(folder)!r}, runner='torch', device='cpu', decode_products='triton',\n"
+        "                        decode_attention='triton', batch_invariant=True).runner\n"
         "prompt, follow, table = [5, 9, 2, 11, 3, 8, 1], [7, 12, 4, 30, 2], [0, 1, 2, 3]\n"
         "caches = [runner.new_kv_cache(8, 4) for _ in range(2)] + [ref.new_kv_cache(8, 4)]\n"
         "for r, kv in zip((runner, runner, ref), caches):\n"
@@ -162,30 +159,48 @@ def test_batch_invariant_flag_errors_in_one_line(extra, message):
 
 @needs_triton
 def test_each_step_takes_the_layer_functions_its_rows_call_for(oracle_model):
-    """TorchRunner._layer_fns, with the fused sets that decode_products="triton" builds on CUDA:
+    """TorchRunner._layer_fns with decode_products="triton" (under Triton's CPU interpreter):
     one decode row the matrix-vector kernels, 2..16 rows the row kernel, more the compiled
     functions, prefill chunks (with any decode rows beside them) eager; with batch_invariant
-    every step the row kernel, whatever its rows, prefill chunks too."""
-    from tinyinfer.runners.runner import make_batch
-    from tinyinfer.runners.torch_fast import FUSED_MAX_ROWS
-
+    every step the row kernel, whatever its rows, prefill chunks too. Quantized weights have no
+    row kernel: their steps of 2..16 rows run the compiled functions, and batch_invariant is
+    refused for them."""
     folder, _ = oracle_model("llama-gqa-untied")
-    runner = tinyinfer.load(folder, runner="torch", device="cpu").runner
-    runner._fused = runner._fused_layer_fns()
+    code = f"""
+import tinyinfer
+from tinyinfer.errors import TinyInferError
+from tinyinfer.runners.runner import make_batch
+from tinyinfer.runners.torch_fast import FUSED_MAX_ROWS
 
-    def fns(entries):
-        return runner._layer_fns(runner._step_inputs(make_batch(entries, 4), 4))[0]
+def load(**options):
+    return tinyinfer.load({str(folder)!r}, runner="torch", device="cpu", decode_products="triton", **options).runner
 
-    def decoding(sequences, tokens=1):
-        return [(list(range(1, tokens + 1)), 2, [4 * i + j for j in range(4)], tokens > 1) for i in range(sequences)]
+def decoding(sequences, tokens=1):
+    return [(list(range(1, tokens + 1)), 2, [4 * i + j for j in range(4)], tokens > 1) for i in range(sequences)]
 
-    mixed = [([5, 9, 2, 11, 3, 8], 0, [0, 1], False), ([4], 6, [2, 3], False)]
-    assert fns(decoding(1)) is runner._fused["gemv"]
-    assert fns(decoding(1, tokens=5)) is runner._fused["rows"]  # a verification of 4 drafts
-    assert fns(decoding(FUSED_MAX_ROWS)) is runner._fused["rows"]
-    assert fns(decoding(FUSED_MAX_ROWS + 1)) is runner._decode_fns
-    assert fns(decoding(2, tokens=9)) is runner._decode_fns  # 18 rows
-    assert fns(mixed) is runner._eager
-    runner.batch_invariant = True
-    for entries in (decoding(1), decoding(FUSED_MAX_ROWS + 1), decoding(2, tokens=9), mixed):
-        assert fns(entries) is runner._fused["rows"]
+def fns(runner, entries):
+    return runner._layer_fns(runner._step_inputs(make_batch(entries, 4), 4))[0]
+
+mixed = [([5, 9, 2, 11, 3, 8], 0, [0, 1], False), ([4], 6, [2, 3], False)]
+runner = load()
+assert fns(runner, decoding(1)) is runner._fused["gemv"]
+assert fns(runner, decoding(1, tokens=5)) is runner._fused["rows"]  # a verification of 4 drafts
+assert fns(runner, decoding(FUSED_MAX_ROWS)) is runner._fused["rows"]
+assert fns(runner, decoding(FUSED_MAX_ROWS + 1)) is runner._decode_fns
+assert fns(runner, decoding(2, tokens=9)) is runner._decode_fns  # 18 rows
+assert fns(runner, mixed) is runner._eager
+invariant = load(decode_attention="triton", batch_invariant=True)
+for entries in (decoding(1), decoding(FUSED_MAX_ROWS + 1), decoding(2, tokens=9), mixed):
+    assert fns(invariant, entries) is invariant._fused["rows"]
+quantized = load(quantize="int8", quant_kernel="triton")
+assert fns(quantized, decoding(1)) is quantized._fused["gemv"]
+assert fns(quantized, decoding(2)) is quantized._decode_fns
+try:
+    load(quantize="int8", quant_kernel="triton", decode_attention="triton", batch_invariant=True)
+except TinyInferError as error:
+    assert "batch_invariant needs the fused products" in str(error)
+else:
+    raise AssertionError("batch_invariant with quantized weights was taken")
+print("ok")
+"""
+    run_interpreted(code)

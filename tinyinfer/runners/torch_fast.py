@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import math
 import sys
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from tinyinfer.quant import QuantizedWeight
 from tinyinfer.display import progress
 from tinyinfer.errors import TinyInferError
 from tinyinfer.runners import torch_layers as layers
+from tinyinfer.runners import triton_env
 from tinyinfer.runners.runner import (
     Batch,
     Feed,
@@ -156,14 +156,15 @@ class TorchRunner:
             dynamo_config = torch._dynamo.config
             dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
             self._decode_fns = tuple(torch.compile(fn) for fn in self._eager)
-        self.decode_products = self._pick_decode_products(decode_products)
+        fusable = self._fusable() if triton_env.runs_kernels(self.device) else None
+        self.decode_products = self._pick_decode_products(decode_products, fusable)
         # the decode attention beside the fused products: the Triton kernel launched so that it
         # may start as the q|k|v product ends (programmatic dependent launch, where the card has it)
         self._fused_attention = self.decode_attention
         self._fused: dict[str, tuple[Callable[..., Any], ...]] = {}
         if self.decode_products == "triton":
             self._fused = self._fused_layer_fns()
-            if self._fusable() == "quantized":  # the row kernel reads float16/bfloat16 weights only
+            if fusable == "quantized":  # the row kernel reads float16/bfloat16 weights only
                 del self._fused["rows"]
         if batch_invariant and ("rows" not in self._fused or self.decode_attention_kind != "triton"):
             raise TinyInferError("batch_invariant needs the fused products and the Triton decode "
@@ -182,13 +183,14 @@ class TorchRunner:
     # ------------------------------------------------------------------ setup
 
     def _pick_decode_attention(self, choice: str) -> str:
-        """"triton" (the kernel) on CUDA where it applies, else "torch" (gather + mask)."""
+        """"triton" (the kernel) where it applies, else "torch" (gather + mask); "auto" takes
+        the kernel on CUDA only (``triton_env``)."""
         if choice not in DECODE_ATTENTION:
             raise TinyInferError(f"decode_attention must be one of {DECODE_ATTENTION}, got {choice}")
-        usable = self.device.type == "cuda" and self.config.head_dim % 2 == 0
-        if choice == "torch" or (choice == "auto" and not usable):
+        even = self.config.head_dim % 2 == 0
+        if choice == "torch" or (choice == "auto" and not (self.device.type == "cuda" and even)):
             return "torch"
-        if not usable:
+        if not (even and (self.device.type == "cuda" or triton_env.INTERPRETED)):
             raise TinyInferError("the Triton decode kernel needs a CUDA device and an even head_dim: "
                                  "use decode_attention='torch'")
         if _triton_decode_attention() is None:
@@ -209,26 +211,26 @@ class TorchRunner:
         if choice == "triton" and not usable:
             raise TinyInferError("prefill_attention='triton' needs a CUDA device, an even head_dim "
                                  "and the triton package: use prefill_attention='torch'")
-        return "triton" if choice == "triton" or (choice == "auto" and usable) else "torch"
+        return choice if usable or choice == "triton" else "torch"
 
-    def _pick_decode_products(self, choice: str) -> str:
+    def _pick_decode_products(self, choice: str, fusable: str | None) -> str:
         """"triton": decode steps of up to FUSED_MAX_ROWS rows through the fused Triton products
         (``torch_triton_gemv``: norms, residual adds and SiLU·mul inside the matrix-vector
         kernels, ``torch_triton_rows`` for 2..16 rows; int8/int4 weights in the Triton kernels' layout through ``torch_quant_gemv``);
         "torch": the compiled layer functions and cuBLAS (or the quantized products); "auto":
         "triton" where it applies (CUDA, Triton installed, RMSNorm and a gated MLP) and every
         weight is fp16/bf16: the fused quantized products ran slower than the compiled glue
-        and the unfused ones (docs/quantization.md), so quantized models take them on request."""
+        and the unfused ones (docs/quantization.md), so quantized models take them on request.
+        ``fusable``: what ``_fusable`` says, None where the kernels cannot run."""
         if choice not in DECODE_PRODUCTS:
             raise TinyInferError(f"decode_products must be one of {DECODE_PRODUCTS}, got {choice}")
         if choice == "torch":
             return "torch"
-        fusable = self._fusable() if self.device.type == "cuda" and _triton_installed() else None
         if choice == "triton" and fusable is None:
             raise TinyInferError("decode_products='triton' needs a CUDA device, the triton package, "
                                  "RMSNorm, a gated MLP and float16/bfloat16 weights (or int8/int4 "
                                  "ones with quant_kernel 'triton' or 'auto'): use decode_products='torch'")
-        return "triton" if choice == "triton" or fusable == "plain" else "torch"
+        return "triton" if choice == "triton" or (fusable == "plain" and self.device.type == "cuda") else "torch"
 
     def _fusable(self) -> str | None:
         """Whether the fused products take every weight: "plain" (fp16/bf16 tensors),
@@ -254,11 +256,11 @@ class TorchRunner:
         if choice not in QUANT_KERNELS:
             raise TinyInferError(f"quant_kernel must be one of {QUANT_KERNELS}, got {choice}")
         usable = (self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) >= (8, 0)
-                  and _triton_installed())
-        if choice == "triton" and not usable:
+                  and triton_env.installed())
+        if choice == "triton" and not (usable or (triton_env.INTERPRETED and triton_env.installed())):
             raise TinyInferError("quant_kernel='triton' needs Triton and a CUDA card of compute "
                                  "capability 8.0 or later: use quant_kernel='torch'")
-        return choice if usable else "torch"
+        return choice if usable or choice == "triton" else "torch"
 
     def describe(self) -> dict[str, Any]:
         """What the runner chose: device, dtype, K/V storage, compile, CUDA graphs, decode
@@ -627,9 +629,6 @@ def _triton_prefill_attention() -> Callable[..., Tensor]:
 
     return torch_triton_prefill.paged_prefill_attention
 
-
-def _triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
 
 
 def _rope_tables(config: ModelConfig, device: torch.device) -> tuple[Tensor, Tensor]:

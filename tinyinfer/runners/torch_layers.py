@@ -12,7 +12,6 @@ B sequences, P pages, S tokens per page, W page slots in a block-table row, V vo
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tinyinfer.quant import QuantizedWeight, group_offsets
-from tinyinfer.runners import quant_words
+from tinyinfer.runners import quant_words, triton_env
 
 
 @dataclass(frozen=True)
@@ -185,7 +184,7 @@ def device_weight(qw: QuantizedWeight, device: torch.device, dtype: torch.dtype,
         swapped = ((packed & 0x0F) << 4) | (packed >> 4)  # the CUDA kernel wants the even column high
         tiled = torch._convert_weight_to_int4pack(swapped.contiguous(), inner_k_tiles)
         # prefill rows dequantize through the Triton kernel's map of the tiles, where Triton is at hand
-        if importlib.util.find_spec("triton") is not None:
+        if triton_env.installed():
             from tinyinfer.runners import torch_quant_prefill
 
             tile_map = torch_quant_prefill.int4pack_tile_map(device, inner_k_tiles)

@@ -52,13 +52,13 @@ from tinyinfer.runners.torch_quant_kernel import (
 )
 from tinyinfer.runners.torch_triton import uses_pdl
 from tinyinfer.runners.triton_common import (
-    INTERPRETED,
     check_prologue,
     epilogue,
     load,
     split_buffers,
     trip_count,
 )
+from tinyinfer.runners.triton_env import INTERPRETED
 
 BLOCK_N = 16  # weight rows a program reads: each thread holds four, so an input it loads serves four
 

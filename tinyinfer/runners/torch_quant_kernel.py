@@ -43,12 +43,12 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tinyinfer.runners.quant_words import CODE_MASK, PER_WORD
 from tinyinfer.runners.triton_common import (
-    INTERPRETED,
     load,
     split_counters,
     split_fits,
     trip_count,
 )
+from tinyinfer.runners.triton_env import INTERPRETED
 
 ELEMENTWISE_ROWS = {4: 2, 8: 1}  # up to this many rows of x: the elementwise program (a row each)
 MAX_ROWS_PER_TILE = 64  # rows of activations one program multiplies (more rows: more programs)

@@ -44,7 +44,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tinyinfer.runners.triton_common import INTERPRETED
+from tinyinfer.runners.triton_env import INTERPRETED
 
 KEY_TILE_ELEMENTS = 4096  # keys x half head dim loaded per step, per K/V half (twice that in int8)
 MAX_SPLITS = 16

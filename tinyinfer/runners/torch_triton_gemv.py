@@ -41,11 +41,10 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tinyinfer.runners.torch_triton import uses_pdl
 from tinyinfer.runners.torch_layers import KernelWeight
 from tinyinfer.runners.torch_quant_gemv import fused_gemv
+from tinyinfer.runners.torch_triton import uses_pdl
 from tinyinfer.runners.triton_common import (
-    INTERPRETED,
     check_prologue,
     epilogue,
     load,
@@ -54,6 +53,7 @@ from tinyinfer.runners.triton_common import (
     trip_count,
     weight_tiles,
 )
+from tinyinfer.runners.triton_env import INTERPRETED, runs_kernels
 
 
 class Config(NamedTuple):
@@ -194,12 +194,16 @@ def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *
 
 def applies(gated: bool, norm_biases: list[Tensor | None], weights: list[object]) -> bool:
     """Whether a model can run these kernels: a gated MLP, RMSNorm (no norm biases), and every
-    product's weight on a CUDA device, a plain tensor in float16 or bfloat16 or int8 / int4 in
-    the Triton kernels' layout (``KernelWeight``)."""
+    product's weight where the kernels run (``triton_env.runs_kernels``), a plain tensor in
+    float16 or bfloat16 or int8 / int4 in the Triton kernels' layout (``KernelWeight``). Under
+    Triton's CPU interpreter float32 too: there the tests check the kernels' arithmetic against
+    the torch path's float32."""
+    floats = (torch.float16, torch.bfloat16) + ((torch.float32,) if INTERPRETED else ())
+
     def fits(w: object) -> bool:
         if isinstance(w, KernelWeight):
-            return w.words.device.type == "cuda"
-        return isinstance(w, Tensor) and w.device.type == "cuda" and w.dtype in (torch.float16, torch.bfloat16)
+            return runs_kernels(w.words.device)
+        return isinstance(w, Tensor) and runs_kernels(w.device) and w.dtype in floats
 
     return gated and all(b is None for b in norm_biases) and all(fits(w) for w in weights)
 

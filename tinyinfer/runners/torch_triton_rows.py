@@ -53,7 +53,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from tinyinfer.runners import torch_triton_gemv as gemv_kernels
 from tinyinfer.runners.torch_triton import uses_pdl
 from tinyinfer.runners.triton_common import (
-    INTERPRETED,
     check_prologue,
     epilogue,
     load,
@@ -61,6 +60,7 @@ from tinyinfer.runners.triton_common import (
     trip_count,
     weight_tiles,
 )
+from tinyinfer.runners.triton_env import INTERPRETED
 
 ROWS = 16  # rows a program multiplies: tl.dot's smallest dimension
 

@@ -1,18 +1,15 @@
 """Pieces the Triton matrix-product kernels share (``torch_triton_gemv``, ``torch_quant_kernel``,
-``torch_quant_gemv``): the interpreter switch, loop trip counts, masked loads, the split-K tile
+``torch_quant_gemv``): loop trip counts, masked loads, the split-K tile
 counters, and the fused products' epilogue (bias, silu(gate) * up, residual add, split-K
 reduction)."""
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter runs the kernels
 MAX_TILES = 4096  # output tiles a split-K launch may count (the size of its counter buffer)
 
 

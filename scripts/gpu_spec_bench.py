@@ -385,6 +385,9 @@ def main() -> int:
             log(results[f"{section}_error"])
         results[f"{section}_seconds"] = time.perf_counter() - start
         out.write_text(json.dumps(results, indent=2))
+        gc.collect()  # the section's models and engines (reference cycles) go before the next
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
     return 0
 
 

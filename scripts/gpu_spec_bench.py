@@ -1,6 +1,7 @@
 """Speculative decoding on one GPU: correctness checks, then timings (C10).
 
     PYTHONPATH=. python3 scripts/gpu_spec_bench.py --out $OUT [--only checks,bundled,oracle]
+        [--draft-quantize int4 --draft-quantize-head]
 
 (--device cpu --target qwen2.5-0.5b --draft qwen2.5-0.5b --tokens 6 --prompts 1 runs the
 oracle and bundled sections' code on a CPU, as a dry run.)
@@ -13,7 +14,13 @@ Sections (each writes its results to OUT/gpu_spec_bench.json as soon as it finis
 * bundled  plain vs speculative decoding of the bundled pair (draft model drafter, k = 2, 4)
 * oracle   llama-3-8b shape (random weights) as target, the llama-3.2-1b shape as draft model,
            the oracle drafter at acceptance 0.6 / 0.8 / 0.9 x k = 2 / 4 / 8, each against the
-           simulator's closed form at the measured costs; the draft shape's own plain step time
+           simulator's closed form at the measured costs; the draft shape's own plain step time.
+           With --draft-quantize FORMAT [--draft-quantize-head] the same rows again with the
+           draft shape in that format (random codes), against the same plain baseline
+* profile  where a draft token's time goes: the oracle at a = 0.8, k = 4 with each draft (bf16,
+           and --draft-quantize's), every draft-model round's host time to launch and device
+           time, the span of a step's rounds on the device against the propose call's wall
+           time, and the draft's 1-row and 2-row steps replayed alone from their CUDA graphs
 * exactness bf16 greedy speculative vs plain decoding, token for token: the bundled pair with
            and without batch_invariant (every prompt, k = 2, 4, 8), and the oracle's target shape
            with batch_invariant (the oracle drafter over the draft shape, timed as well)
@@ -40,9 +47,9 @@ from tinyinfer.engine import Engine
 from tinyinfer.model import load
 from tinyinfer.runners.runner import make_batch
 from tinyinfer.sampling import SamplingParams
-from tinyinfer.speculative import DraftModelDrafter
+from tinyinfer.speculative import DraftModelDrafter, SpeculativeStats
 
-SECTIONS = ("checks", "bundled", "oracle", "exactness")
+SECTIONS = ("checks", "bundled", "oracle", "exactness", "profile")
 ARGS = argparse.Namespace()
 SAVE = [lambda: None]  # writes the results so far
 
@@ -192,33 +199,160 @@ def bundled(results: dict) -> None:
     results["bundled"] = rows
 
 
+def draft_variants() -> list[tuple[str, str | None, bool]]:
+    """(label, quantize, quantize_head) of each draft shape to run: bf16, then --draft-quantize's."""
+    variants = [("bf16", None, False)]
+    if ARGS.draft_quantize:
+        label = ARGS.draft_quantize + ("+head" if ARGS.draft_quantize_head else "")
+        variants.append((label, ARGS.draft_quantize, ARGS.draft_quantize_head))
+    return variants
+
+
 def oracle(results: dict) -> None:
     big, _ = bs.shape_models(ARGS.target, ARGS.device, ARGS.dtype)
-    small, _ = bs.shape_models(ARGS.draft, ARGS.device, ARGS.dtype)
     prompts = bench.speculative_prompts(big, "continue", ARGS.prompts or 4)
     tokens = ARGS.tokens
-    small_plain = bench.greedy_alone(Engine(small, max_num_seqs=1, detail="none"), prompts, tokens)
-    results["draft_shape_plain_step_ms"] = 1e3 * small_plain[1] / sum(len(o) for o in small_plain[0])
     plain = bench.greedy_alone(Engine(big, max_num_seqs=1, detail="none"), prompts, tokens)
     results["target_plain_step_ms"] = 1e3 * plain[1] / sum(len(o) for o in plain[0])
-    log(f"  plain step: target {results['target_plain_step_ms']:.2f} ms, draft shape "
-        f"{results['draft_shape_plain_step_ms']:.2f} ms")
-    rows = []
-    results["oracle"] = rows
-    for k in (4, 2, 8):
-        for alpha in (0.8, 0.6, 0.9):
-            r = bench.bench_speculative(big, OracleDrafter(small, alpha, seed=1), prompts, tokens, k,
-                                        plain=plain)
-            rows.append({**dataclasses.asdict(r), "speedup": r.speedup,
-                         "vs_closed_form": r.speedup / r.closed_form_speedup})
-            SAVE[0]()
-            gc.collect()
-            log(f"  oracle a={alpha} k={k}: {r.speedup:.2f}x (closed form {r.closed_form_speedup:.2f}x), "
-                f"identical {r.identical}, "
-                f"acceptance {r.token_acceptance:.3f}, draft {r.draft_step_ms:.2f} ms, verify "
-                f"{r.verify_ms:.2f} ms, rest {r.other_ms:.2f} ms, plain {r.plain_step_ms:.2f} ms")
+    for label, quantize, head in draft_variants():
+        suffix = "" if quantize is None else f"_{label}"
+        small, _ = bs.shape_models(ARGS.draft, ARGS.device, ARGS.dtype, quantize=quantize,
+                                   quantize_head=head)
+        small_plain = bench.greedy_alone(Engine(small, max_num_seqs=1, detail="none"), prompts, tokens)
+        results[f"draft_shape_plain_step_ms{suffix}"] = 1e3 * small_plain[1] / sum(len(o) for o in small_plain[0])
+        log(f"  plain step: target {results['target_plain_step_ms']:.2f} ms, draft shape {label} "
+            f"{results[f'draft_shape_plain_step_ms{suffix}']:.2f} ms")
+        rows = []
+        results[f"oracle{suffix}"] = rows
+        for k in (4, 2, 8):
+            for alpha in (0.8, 0.6, 0.9):
+                r = bench.bench_speculative(big, OracleDrafter(small, alpha, seed=1), prompts, tokens, k,
+                                            plain=plain)
+                rows.append({**dataclasses.asdict(r), "speedup": r.speedup, "draft": label,
+                             "vs_closed_form": r.speedup / r.closed_form_speedup})
+                SAVE[0]()
+                gc.collect()
+                log(f"  oracle {label} a={alpha} k={k}: {r.speedup:.2f}x (closed form "
+                    f"{r.closed_form_speedup:.2f}x), identical {r.identical}, "
+                    f"acceptance {r.token_acceptance:.3f}, draft {r.draft_step_ms:.2f} ms, verify "
+                    f"{r.verify_ms:.2f} ms, rest {r.other_ms:.2f} ms, plain {r.plain_step_ms:.2f} ms")
+        del small, small_plain
+        gc.collect()
+        torch.cuda.empty_cache()
     again = bench.greedy_alone(Engine(big, max_num_seqs=1, detail="none"), prompts, tokens)
     results["target_plain_step_ms_again"] = 1e3 * again[1] / sum(len(o) for o in again[0])
+
+
+def replay_ms(graphs, size: int = 1, repeats: int = 50) -> float:
+    """Median device time of one replay of a captured decode graph (CUDA events, back to back)."""
+    graph, _ = graphs.graphs[size]
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(np.median(times))
+
+
+def profile(results: dict) -> None:
+    """Where a draft token's time goes, for each draft (bf16, --draft-quantize's): the oracle at
+    a = 0.8, k = 4 over two prompts (profile_draft), and the draft's 1-row and 2-row steps
+    replayed alone from their graphs. If a step's rounds span about the replays' sum on the
+    device, the rounds keep the GPU busy and the host is off the critical path between them."""
+    big, _ = bs.shape_models(ARGS.target, ARGS.device, ARGS.dtype)
+    prompts = bench.speculative_prompts(big, "continue", 2)
+    params = SamplingParams(temperature=0, max_tokens=ARGS.tokens, ignore_eos=True)
+    out: dict = {}
+    results["profile"] = out
+    plain_ids = [c.token_ids for c in Engine(big, max_num_seqs=1, detail="none").generate(prompts, params)]
+    for label, quantize, head in draft_variants():
+        small, _ = bs.shape_models(ARGS.draft, ARGS.device, ARGS.dtype, quantize=quantize,
+                                   quantize_head=head)
+        out[label] = profile_draft(big, small, prompts, plain_ids, params)
+        log(f"  profile {label}: {json.dumps(out[label])}")
+        SAVE[0]()
+        del small
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def cuda_event() -> torch.cuda.Event:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int]],
+                  params: SamplingParams) -> dict:
+    """Per propose call with k = 4 rounds (one speculative step's draft): its wall time on the
+    host; on the device, from its start to the first round's start (the host preparing the
+    catch-up), the span of the four rounds, and from the last round's end to the call's end;
+    each round's host time to launch and device time (an event before its launch to one after)."""
+    from tinyinfer.engine import DraftRun
+
+    drafter = OracleDrafter(small, 0.8, seed=1)
+    drafter.follow(prompts, plain_ids)
+    engine = Engine(big, max_num_seqs=1, detail="none", drafter=drafter, num_draft=4)
+    engine.generate([prompts[0]], params)  # warm-up: compile, capture
+    engine.spec_stats = SpeculativeStats()
+    calls: list[dict] = []
+    launch, propose = small.runner.launch_top, DraftRun.propose
+
+    def timed_launch(*args, **kwargs):
+        before, t0 = cuda_event(), time.perf_counter()
+        future = launch(*args, **kwargs)
+        calls[-1]["rounds"].append((time.perf_counter() - t0, before, cuda_event()))
+        return future
+
+    def timed_propose(self, *args, **kwargs):
+        calls.append({"rounds": [], "begin": cuda_event()})
+        t0 = time.perf_counter()
+        drafts = propose(self, *args, **kwargs)
+        calls[-1]["wall"], calls[-1]["end"] = time.perf_counter() - t0, cuda_event()
+        return drafts
+
+    small.runner.launch_top = timed_launch
+    DraftRun.propose = timed_propose
+    try:
+        for p in prompts:
+            engine.generate([p], params)
+    finally:
+        DraftRun.propose = propose
+        del small.runner.launch_top
+    torch.cuda.synchronize()
+    rows = []
+    for call in calls:
+        rounds = call["rounds"]
+        if len(rounds) != 4:
+            continue
+        rows.append({"wall_ms": 1e3 * call["wall"],
+                     "device_begin_to_end_ms": call["begin"].elapsed_time(call["end"]),
+                     "before_first_round_ms": call["begin"].elapsed_time(rounds[0][1]),
+                     "span_ms": rounds[0][1].elapsed_time(rounds[-1][2]),
+                     "after_last_round_ms": rounds[-1][2].elapsed_time(call["end"]),
+                     "launch_host_ms": [1e3 * h for h, _, _ in rounds],
+                     "round_device_ms": [b.elapsed_time(e) for _, b, e in rounds]})
+    kv = engine.draft_run.kv_cache
+    graphs = kv.graphs or {}
+    stats = engine.spec_stats
+    return {
+        "steps": len(rows),
+        **{key: float(np.median([r[key] for r in rows]))
+           for key in ("wall_ms", "device_begin_to_end_ms", "before_first_round_ms", "span_ms",
+                       "after_last_round_ms")},
+        **{key: [float(np.median([r[key][i] for r in rows])) for i in range(4)]
+           for key in ("launch_host_ms", "round_device_ms")},
+        "replay_1row_ms": replay_ms(graphs[1]) if 1 in graphs else None,
+        "replay_2row_ms": replay_ms(graphs[2]) if 2 in graphs else None,
+        "draft_token_ms": 1e3 * stats.draft_seconds / max(stats.drafted, 1),
+        "verify_ms": 1e3 * stats.verify_seconds / max(stats.verify_steps, 1),
+        "token_acceptance": stats.token_acceptance,
+    }
 
 
 def main() -> int:
@@ -231,6 +365,10 @@ def main() -> int:
     parser.add_argument("--draft", default="llama-3.2-1b")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--prompts", type=int, default=0, help="0: every prompt of the workload")
+    parser.add_argument("--draft-quantize", default=None, metavar="FORMAT",
+                        help="oracle, profile: also run the draft shape in this format (random codes)")
+    parser.add_argument("--draft-quantize-head", action="store_true",
+                        help="with --draft-quantize: the draft shape's embedding and LM head too")
     args = parser.parse_args(namespace=ARGS)
     out = Path(args.out) / "gpu_spec_bench.json"
     card = torch.cuda.get_device_name() if args.device == "cuda" else args.device
@@ -247,6 +385,9 @@ def main() -> int:
             log(results[f"{section}_error"])
         results[f"{section}_seconds"] = time.perf_counter() - start
         out.write_text(json.dumps(results, indent=2))
+        gc.collect()  # the section's models and engines (reference cycles) go before the next
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
     return 0
 
 

@@ -228,3 +228,89 @@ def test_speculative_sampling_has_the_target_distribution(oracle_model):
     accept_all = sample_pairs(draft, prompt, params, n)
     stat_wrong, dof_wrong = chi_square(accept_all, expected)
     assert stat_wrong > chi_square_critical(dof_wrong), (stat_wrong, dof_wrong)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4+head"])
+def test_a_quantized_draft_model_keeps_greedy_output_exact(runner_name, fmt):
+    """Whatever the draft model's weights (here int8 or int4 codes, the draft alone quantized,
+    as --draft-quantize does), the target verifies every token: speculative greedy output is
+    plain greedy output token for token, each prompt alone and all at once."""
+    from tinyinfer.bench import workloads as bench
+
+    target = tinyinfer.load("bundled", runner=runner_name)
+    draft = tinyinfer.load("bundled-draft", runner=runner_name, quantize=fmt)
+    assert target.quantization is None
+    assert draft.quantization.bits == int(fmt[3]) and draft.quantization.head == fmt.endswith("+head")
+    params = tinyinfer.SamplingParams(temperature=0, max_tokens=32)
+    prompts = bench.speculative_prompts(target, "continue", count=4)
+    plain = [c.token_ids for c in tinyinfer.Engine(target).generate(prompts, params)]
+    engine = tinyinfer.Engine(target, drafter=DraftModelDrafter(draft), num_draft=4)
+    assert [engine.generate([p], params)[0].token_ids for p in prompts] == plain
+    assert [c.token_ids for c in engine.generate(prompts, params)] == plain
+    stats = engine.spec_stats
+    assert stats.accepted > 0 and stats.rejected > 0  # the quantized draft guesses, right and wrong
+
+
+def parsed(*argv: str):
+    from tinyinfer.cli.commands import build_parser
+
+    return build_parser().parse_args(list(argv))
+
+
+def test_draft_quantize_quantizes_the_draft_model_alone():
+    """--draft-quantize FORMAT (and --draft-quantize-head) load the draft model in that format
+    whatever --quantize does to the target; without it the draft follows --quantize."""
+    from tinyinfer.cli.commands import make_drafter
+
+    alone = make_drafter(parsed("generate", "x", "--speculative", "draft", "--draft-quantize", "int4",
+                                "--draft-quantize-head"))
+    assert (alone.model.quantization.bits, alone.model.quantization.head) == (4, True)
+    both = make_drafter(parsed("generate", "x", "--speculative", "draft", "--quantize", "int8"))
+    assert (both.model.quantization.bits, both.model.quantization.head) == (8, False)
+    floats = make_drafter(parsed("generate", "x", "--speculative", "draft", "--quantize", "int8",
+                                 "--draft-quantize", "none"))
+    assert floats.model.quantization is None
+
+
+def test_a_preset_draft_shape_takes_draft_quantize():
+    """bench speculative --preset: the draft shape's linear layers drawn as random codes of the
+    --draft-quantize format, the head too with --draft-quantize-head."""
+    from tinyinfer.cli.commands import make_drafter
+    from tinyinfer.runners import torch_layers as layers
+
+    args = parsed("bench", "speculative", "--preset", "gpt2", "--device", "cpu", "--dtype", "float32",
+                  "--draft-model", "gpt2", "--speculative", "oracle", "--draft-quantize", "int8")
+    drafter = make_drafter(args, preset="gpt2", acceptance=0.5)
+    weights = drafter.model.runner.w
+    assert drafter.model.quantization.name == "int8" and drafter.acceptance == 0.5
+    assert all(isinstance(layer.mlp_in[0], layers.Int8Weight) for layer in weights.layers)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["generate", "hi", "--speculative", "draft", "--draft-quantize-head"],
+     "--draft-quantize-head stores the draft model's embedding and LM head in its format: name one "
+     "with --draft-quantize (e.g. int8 or int4)"),
+    (["generate", "hi", "--speculative", "draft", "--draft-quantize", "none", "--draft-quantize-head"],
+     "--draft-quantize-head stores the draft model's embedding and LM head in its format: name one "
+     "with --draft-quantize (e.g. int8 or int4)"),
+    (["generate", "hi", "--draft-quantize", "int4"],
+     "--draft-quantize applies to a draft model: add --speculative draft"),
+    (["generate", "hi", "--speculative", "lookup", "--draft-quantize", "int8"],
+     "--draft-quantize applies to a draft model: add --speculative draft"),
+    (["generate", "hi", "--speculative", "draft", "--draft-quantize", "int3"], "unknown quantization int3"),
+    (["bench", "speculative", "--speculative", "lookup", "--draft-quantize-head"],
+     "--draft-quantize-head applies to a draft model: add --speculative draft or oracle"),
+    (["bench", "speculative", "--draft-quantize", "q4"], "unknown quantization q4"),
+    (["bench", "latency", "--draft-quantize", "int4", "--draft-quantize-head"],
+     "--draft-quantize, --draft-quantize-head applies to bench speculative only: drop it for bench latency"),
+])
+def test_draft_quantize_misuse_is_one_line(argv, says):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "tinyinfer", *argv], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tinyinfer: error: "), done.stderr
+    assert says in lines[0]

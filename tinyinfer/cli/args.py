@@ -47,6 +47,41 @@ def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") ->
     add_threads_arg(parser)
 
 
+def add_draft_quantize_args(parser: argparse.ArgumentParser) -> None:
+    """`--draft-quantize FORMAT` and `--draft-quantize-head`: the draft model's weights alone, as
+    llama.cpp users run a q4 draft beside an f16 target (generate, bench speculative)."""
+    parser.add_argument("--draft-quantize", default=None, metavar="FORMAT",
+                        help="quantize the draft model alone (speculative decoding with a draft "
+                             "model): int8, int4, int4-g64, ...; none: float weights (default: as "
+                             "--quantize)")
+    parser.add_argument("--draft-quantize-head", action="store_true",
+                        help="with --draft-quantize: the draft model's token embedding and LM head "
+                             "in that format too")
+
+
+def draft_quantization(args: argparse.Namespace, drafters: tuple[str, ...]) -> tuple[str | None, bool]:
+    """The draft model's (quantize, quantize_head): --draft-quantize's where given, else
+    --quantize's. Refuses, before any model loads, --draft-quantize-head without a format, an
+    unknown format, and either option without a drafter of ``drafters`` (those that run a draft
+    model)."""
+    from tinyinfer.errors import TinyInferError
+    from tinyinfer.quant import QuantConfig
+
+    fmt, head = args.draft_quantize, args.draft_quantize_head
+    if fmt is None and not head:
+        return args.quantize, args.quantize_head
+    if args.speculative not in drafters:
+        given = "--draft-quantize" if fmt is not None else "--draft-quantize-head"
+        raise TinyInferError(f"{given} applies to a draft model: add --speculative "
+                             f"{' or '.join(drafters)}")
+    if head and fmt in (None, "none"):
+        raise TinyInferError("--draft-quantize-head stores the draft model's embedding and LM head "
+                             "in its format: name one with --draft-quantize (e.g. int8 or int4)")
+    if fmt != "none":
+        QuantConfig.parse(fmt)  # an unknown format fails here, in one line
+    return fmt, head
+
+
 def add_kv_cache_dtype_arg(parser: argparse.ArgumentParser) -> None:
     """`--kv-cache-dtype auto|int8`, as vLLM spells it (the model commands and the TUI)."""
     parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",

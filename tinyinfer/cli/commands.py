@@ -15,8 +15,10 @@ from tinyinfer.cli import simulate as cli_simulate
 from tinyinfer.cli import chat as cli_chat
 from tinyinfer.cli.args import (
     add_async_scheduling_arg,
+    add_draft_quantize_args,
     add_model_args,
     add_sampling_args,
+    draft_quantization,
     load_model,
     runner_options,
     sampling_params,
@@ -56,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--draft-model", default="bundled-draft", help="draft model for --speculative draft")
     gen.add_argument("--num-draft", type=positive_int, default=4, metavar="K",
                      help="tokens drafted per step")
+    add_draft_quantize_args(gen)
     add_async_scheduling_arg(gen)
     gen.add_argument("--stats", action="store_true",
                      help="print time to first token, tokens generated and tokens/s to stderr")
@@ -106,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="tokens drafted per step (speculative; default 4)")
     bench.add_argument("--task", choices=("continue", "rewrite"), default=None,
                        help="speculative prompts: continue a cue (default), or rewrite a given passage")
+    add_draft_quantize_args(bench)
     bench.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload")
     add_async_scheduling_arg(bench)
     add_json(bench, "the results")
@@ -116,13 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Options of bench speculative alone, and their defaults there.
 SPECULATIVE_OPTIONS = {"speculative": "draft", "draft_model": None, "num_draft": 4, "task": "continue",
-                       "acceptance": None}
+                       "acceptance": None, "draft_quantize": None, "draft_quantize_head": False}
+# The drafters that run a draft model (the ones --draft-model and --draft-quantize apply to).
+MODEL_DRAFTERS = ("draft", "oracle")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.workload != "speculative":
         given = [f"--{name.replace('_', '-')}" for name in SPECULATIVE_OPTIONS
-                 if getattr(args, name) is not None]
+                 if getattr(args, name) not in (None, False)]
         if given:
             raise TinyInferError(f"{', '.join(given)} applies to bench speculative only: drop it "
                                  f"for bench {args.workload}")
@@ -133,6 +139,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise TinyInferError("--acceptance sets the oracle drafter's rate: add --speculative oracle")
     if args.acceptance is not None and not 0 <= args.acceptance <= 1:
         raise TinyInferError(f"--acceptance must be within 0..1, got {args.acceptance}")
+    draft_quantization(args, MODEL_DRAFTERS)  # refuses a bad combination before any model loads
     if args.async_scheduling and args.workload not in ("latency", "throughput"):
         raise TinyInferError("--async-scheduling applies to bench latency and throughput: drop it "
                              f"for bench {args.workload}")
@@ -268,6 +275,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.async_scheduling and args.speculative:  # refused before any model loads
         raise TinyInferError("--async-scheduling does not overlap speculative decoding steps: drop "
                              "--async-scheduling or --speculative")
+    draft_quantization(args, ("draft",))
     params = sampling_params(args)
     model = load_model(args)
     # Asynchronous scheduling keeps no step-by-step trace (detail "none"); generate reads none.
@@ -322,9 +330,11 @@ def make_drafter(args: argparse.Namespace, preset: str | None = None,
 
 
 def _draft_model(args: argparse.Namespace, preset: str | None):
-    """--draft-model: a model (bundled-draft by default), or beside a preset a preset shape."""
+    """--draft-model: a model (bundled-draft by default), or beside a preset a preset shape; its
+    weights quantized as --draft-quantize says, else as --quantize."""
     import tinyinfer
 
+    quantize, quantize_head = draft_quantization(args, MODEL_DRAFTERS)
     if preset:
         from tinyinfer.bench import shapes as bs
         from tinyinfer.runners.torch_weights import pick_device, pick_dtype
@@ -332,11 +342,12 @@ def _draft_model(args: argparse.Namespace, preset: str | None):
         chosen = pick_device(args.device)
         dtype = args.dtype or str(pick_dtype(None, chosen.type == "cuda")).removeprefix("torch.")
         name = args.draft_model or "llama-3.2-1b"
-        return bs.shape_models(name, args.device or chosen.type, dtype, quantize=args.quantize,
-                               quantize_head=args.quantize_head, kv_cache_dtype=args.kv_cache_dtype)[0]
+        return bs.shape_models(name, args.device or chosen.type, dtype,
+                               quantize=None if quantize == "none" else quantize,
+                               quantize_head=quantize_head, kv_cache_dtype=args.kv_cache_dtype)[0]
     return tinyinfer.load(args.draft_model or "bundled-draft", runner=args.runner,
-                          device=args.device, dtype=args.dtype, quantize=args.quantize,
-                          quantize_head=args.quantize_head, kv_cache_dtype=args.kv_cache_dtype)
+                          device=args.device, dtype=args.dtype, quantize=quantize,
+                          quantize_head=quantize_head, kv_cache_dtype=args.kv_cache_dtype)
 
 
 def _stored_as(checkpoint) -> str:

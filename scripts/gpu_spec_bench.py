@@ -11,7 +11,8 @@ Sections (each writes its results to OUT/gpu_spec_bench.json as soon as it finis
 * checks   the paged decode kernel with q = 5 query rows per sequence against the torch
            version, and row for row against q = 1 (bit equality); a verification step through
            a CUDA graph against the same step eager
-* bundled  plain vs speculative decoding of the bundled pair (draft model drafter, k = 2, 4)
+* bundled  plain vs speculative decoding of the bundled pair (draft model drafter, k = 2, 4), twice in
+           the same process, with what each timed run compiled (Triton kernels, Dynamo frames)
 * oracle   llama-3-8b shape (random weights) as target, the llama-3.2-1b shape as draft model,
            the oracle drafter at acceptance 0.6 / 0.8 / 0.9 x k = 2 / 4 / 8, each against the
            simulator's closed form at the measured costs; the draft shape's own plain step time.
@@ -186,17 +187,52 @@ def checks(results: dict) -> None:
             log(results[f"{part.__name__}_error"])
 
 
+class Compiles:
+    """What was compiled while a block ran: Triton kernels (each compile or cache load, by the
+    kernel's name) and Dynamo frames. A timed run should compile nothing."""
+
+    def __enter__(self) -> dict:
+        import triton
+
+        self.seen: dict = {"triton": {}, "dynamo_frames": 0}
+        self.frames = torch._dynamo.utils.counters["frames"]["ok"]
+
+        def hook(**kwargs) -> bool:
+            name = kwargs["repr"].split("[")[0]
+            self.seen["triton"][name] = self.seen["triton"].get(name, 0) + 1
+            return False  # compile as usual
+
+        self.knobs = triton.knobs.runtime
+        self.before = self.knobs.jit_cache_hook
+        self.knobs.jit_cache_hook = hook
+        return self.seen
+
+    def __exit__(self, *exc) -> None:
+        self.knobs.jit_cache_hook = self.before
+        self.seen["dynamo_frames"] = torch._dynamo.utils.counters["frames"]["ok"] - self.frames
+
+
 def bundled(results: dict) -> None:
+    """The bundled pair, plain and k = 2, 4; each run's compiles recorded, and the whole
+    section a second time in the same process (every shape met once)."""
     target = load("bundled", runner="torch", device=ARGS.device, dtype=ARGS.dtype)
     draft = load("bundled-draft", runner="torch", device=ARGS.device, dtype=ARGS.dtype)
     prompts = bench.speculative_prompts(target, "continue")[:ARGS.prompts or None]
-    plain = bench.greedy_alone(Engine(target, max_num_seqs=1, detail="none"), prompts, ARGS.tokens)
-    rows = []
-    for k in (2, 4):
-        r = bench.bench_speculative(target, DraftModelDrafter(draft), prompts, ARGS.tokens, k, plain=plain)
-        rows.append({**dataclasses.asdict(r), "speedup": r.speedup})
-        log(f"  bundled k={k}: {rows[-1]}")
-    results["bundled"] = rows
+    engine = Engine(target, max_num_seqs=1, detail="none")
+    results["bundled"], results["bundled_again"] = [], []
+    for key in ("bundled", "bundled_again"):
+        with Compiles() as compiled:
+            plain = bench.greedy_alone(engine, prompts, ARGS.tokens)
+        results[f"{key}_plain_step_ms"] = 1e3 * plain[1] / sum(len(o) for o in plain[0])
+        results[f"{key}_plain_compiles"] = compiled
+        log(f"  {key} plain {results[f'{key}_plain_step_ms']:.3f} ms a token, compiled {compiled}")
+        for k in (2, 4):
+            with Compiles() as compiled:
+                r = bench.bench_speculative(target, DraftModelDrafter(draft), prompts, ARGS.tokens, k,
+                                            plain=plain)
+            results[key].append({**dataclasses.asdict(r), "speedup": r.speedup, "compiles": compiled})
+            log(f"  {key} k={k}: {results[key][-1]}")
+            SAVE[0]()
 
 
 def draft_variants() -> list[tuple[str, str | None, bool]]:

@@ -314,3 +314,79 @@ def test_draft_quantize_misuse_is_one_line(argv, says):
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("tinyinfer: error: "), done.stderr
     assert says in lines[0]
+
+
+def closed_form_best_k(acceptance: float, c: float, max_k: int) -> int:
+    """The fastest k by the simulator's own formula (speculative_speedup), plain steps costing
+    one verification."""
+    from tinyinfer.simulate.quantity import given
+    from tinyinfer.simulate.model import speculative_speedup
+
+    gains = [1.0] + [speculative_speedup(given("k", k), given("acceptance", acceptance),
+                                         given("draft_step_time", c), given("verify_time", 1.0),
+                                         given("tpot", 1.0))["spec_speedup"].value
+                     for k in range(1, max_k + 1)]
+    return max(range(max_k + 1), key=lambda k: (gains[k], -k))
+
+
+@pytest.mark.parametrize("acceptance, c", [(0.8, 0.95), (0.8, 0.165), (0.6, 0.3), (0.9, 0.05),
+                                           (0.5, 0.5), (1.0, 0.2)])
+def test_draft_length_takes_the_closed_forms_fastest_k(acceptance, c):
+    """Steps measured at a draft round costing c verifications and a per-token acceptance:
+    DraftLength picks the k the simulator's closed form says is fastest (0: plain steps)."""
+    from tinyinfer.speculative import DraftLength
+
+    length = DraftLength(8)
+    assert length.choose() == 8  # nothing measured yet: draft the most, to measure
+    for _ in range(5):
+        length.observe(rounds=4, examined=100, accepted=round(100 * acceptance), draft_s=4 * c * 0.01,
+                       verify_s=0.01)
+    assert length.best() == closed_form_best_k(acceptance, c, 8)
+    assert length.choose() == length.best()
+
+
+def test_draft_length_probes_while_no_k_pays():
+    """A draft as dear as the target: plain steps, and one step in probe_every drafts max_k to
+    measure again; a step that pays again brings the drafts back."""
+    from tinyinfer.speculative import DraftLength
+
+    length = DraftLength(4, probe_every=5)
+    length.observe(rounds=4, examined=4, accepted=3, draft_s=4.0, verify_s=1.0)
+    assert [length.choose() for _ in range(10)] == [0, 0, 0, 0, 4, 0, 0, 0, 0, 4]
+    for _ in range(30):  # cheap drafts now, almost always kept
+        length.observe(rounds=4, examined=4, accepted=4, draft_s=0.04, verify_s=1.0)
+    assert length.choose() == 4
+
+
+def test_adaptive_draft_keeps_greedy_output_exact_and_drafts_only_where_it_pays(pair):
+    """With adaptive_draft the output stays plain greedy's; an engine whose measurements say no k
+    pays decodes plainly (no verification) until its next probe."""
+    target, draft = pair
+    params = tinyinfer.SamplingParams(temperature=0, max_tokens=20)
+    prompts = repetitive_prompts(4)
+    plain = [c.token_ids for c in tinyinfer.Engine(target).generate(prompts, params)]
+    adaptive = tinyinfer.Engine(target, drafter=DraftModelDrafter(draft), num_draft=4, adaptive_draft=True)
+    assert [adaptive.generate([p], params)[0].token_ids for p in prompts] == plain
+    assert adaptive.spec_stats.verify_steps > 0  # it drafted at first, to measure
+    losing = tinyinfer.Engine(target, drafter=DraftModelDrafter(draft), num_draft=4, adaptive_draft=True)
+    losing.draft_length.probe_every = 1000
+    losing.draft_length.observe(rounds=4, examined=4, accepted=2, draft_s=8.0, verify_s=1.0)
+    assert [c.token_ids for c in losing.generate(prompts, params)] == plain
+    assert losing.spec_stats.verify_steps == 0 and losing.spec_stats.drafted == 0
+    assert tinyinfer.Engine(target, drafter=DraftModelDrafter(draft)).draft_length is None  # off by default
+
+
+def test_adaptive_draft_on_the_command_line():
+    import subprocess
+    import sys
+
+    run = lambda *argv: subprocess.run([sys.executable, "-m", "tinyinfer", *argv],  # noqa: E731
+                                       capture_output=True, text=True, timeout=300)
+    plain = run("generate", "ROMEO:", "--temperature", "0", "--max-tokens", "24")
+    adaptive = run("generate", "ROMEO:", "--temperature", "0", "--max-tokens", "24", "--speculative",
+                   "draft", "--adaptive-draft")
+    assert plain.returncode == adaptive.returncode == 0 and adaptive.stdout == plain.stdout
+    done = run("generate", "hi", "--adaptive-draft")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == ["tinyinfer: error: --adaptive-draft chooses how many tokens a "
+                                        "drafter guesses: add --speculative"]

@@ -202,3 +202,72 @@ class SpeculativeStats:
     @property
     def forwards_saved(self) -> int:
         return self.emitted - self.verify_steps
+
+
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens a step of k drafts emits on average when each draft is kept with chance
+    ``acceptance`` (C10): the accepted drafts plus the target's own token,
+    (1 - acceptance^(k+1)) / (1 - acceptance) — the simulator's ``spec_tokens_per_step``."""
+    if acceptance >= 1:
+        return k + 1.0
+    return (1 - acceptance ** (k + 1)) / (1 - acceptance)
+
+
+@dataclass
+class DraftLength:
+    """Each step's number of drafts for ``adaptive_draft``: the k in 0..max_k that C10's closed
+    form says is fastest at the acceptance and costs measured so far, k = 0 a plain step.
+
+    A step of k drafts costs k draft rounds and one verification, and emits
+    ``expected_tokens(acceptance, k)``; a plain step costs about one verification (both read
+    the target's weights once), so k pays expected_tokens / (k * c + 1) plain steps' worth,
+    c = a draft round's time / a verification's. Speculation pays with a draft much cheaper than
+    the target and a high acceptance; a draft that costs nearly a target step (a tiny pair on a
+    GPU, where every step is launch-bound) loses at every k, and the engine then decodes plainly,
+    drafting max_k once every ``probe_every`` steps to measure again. The estimates weigh
+    recent steps more (each observation's weight decays by ``decay``). No measurement yet: max_k.
+    """
+
+    max_k: int
+    probe_every: int = 32  # while no k pays: one step in this many drafts max_k, to re-measure
+    decay: float = 0.9  # an observation's weight, one step later
+    _accepted: float = 0.0  # decayed sums: drafts kept, drafts the target examined, draft
+    _examined: float = 0.0  # rounds and their seconds, verifications and their seconds
+    _rounds: float = 0.0
+    _draft_s: float = 0.0
+    _verifies: float = 0.0
+    _verify_s: float = 0.0
+    _plain_run: int = 0  # plain steps chosen since the last speculative one
+
+    def choose(self) -> int:
+        """The k for the next step."""
+        if self._verifies == 0 or self._examined == 0:
+            return self.max_k
+        k = self.best()
+        if k == 0:
+            self._plain_run += 1
+            if self._plain_run >= self.probe_every:
+                self._plain_run = 0
+                return self.max_k
+        return k
+
+    def best(self) -> int:
+        """The fastest k by the closed form at the current estimates (ties: the smaller k)."""
+        acceptance = self._accepted / self._examined
+        c = (self._draft_s / self._rounds) / (self._verify_s / self._verifies) if self._verify_s > 0 else 0.0
+        gains = [expected_tokens(acceptance, k) / (k * c + 1) for k in range(self.max_k + 1)]
+        return max(range(self.max_k + 1), key=lambda k: (gains[k], -k))
+
+    def observe(self, rounds: int, examined: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        """A speculative step: its draft rounds and their seconds, the drafts the target examined
+        and kept, and the verification's seconds."""
+        if rounds <= 0:
+            return
+        d = self.decay
+        self._accepted = d * self._accepted + accepted
+        self._examined = d * self._examined + examined
+        self._rounds = d * self._rounds + rounds
+        self._draft_s = d * self._draft_s + draft_s
+        self._verifies = d * self._verifies + 1
+        self._verify_s = d * self._verify_s + verify_s
+        self._plain_run = 0

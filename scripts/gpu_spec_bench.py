@@ -11,8 +11,7 @@ Sections (each writes its results to OUT/gpu_spec_bench.json as soon as it finis
 * checks   the paged decode kernel with q = 5 query rows per sequence against the torch
            version, and row for row against q = 1 (bit equality); a verification step through
            a CUDA graph against the same step eager
-* bundled  plain vs speculative decoding of the bundled pair (draft model drafter, k = 2, 4, and
-           k <= 4 with adaptive_draft), twice in
+* bundled  plain vs speculative decoding of the bundled pair (draft model drafter, k = 2, 4), twice in
            the same process, with what each timed run compiled (Triton kernels, Dynamo frames)
 * oracle   llama-3-8b shape (random weights) as target, the llama-3.2-1b shape as draft model,
            the oracle drafter at acceptance 0.6 / 0.8 / 0.9 x k = 2 / 4 / 8, each against the
@@ -227,12 +226,11 @@ def bundled(results: dict) -> None:
         results[f"{key}_plain_step_ms"] = 1e3 * plain[1] / sum(len(o) for o in plain[0])
         results[f"{key}_plain_compiles"] = compiled
         log(f"  {key} plain {results[f'{key}_plain_step_ms']:.3f} ms a token, compiled {compiled}")
-        for k, adaptive in ((2, False), (4, False), (4, True)):
+        for k in (2, 4):
             with Compiles() as compiled:
                 r = bench.bench_speculative(target, DraftModelDrafter(draft), prompts, ARGS.tokens, k,
-                                            plain=plain, adaptive_draft=adaptive)
-            results[key].append({**dataclasses.asdict(r), "speedup": r.speedup, "compiles": compiled,
-                                 "adaptive_draft": adaptive})
+                                            plain=plain)
+            results[key].append({**dataclasses.asdict(r), "speedup": r.speedup, "compiles": compiled})
             log(f"  {key} k={k}: {results[key][-1]}")
             SAVE[0]()
 

@@ -52,7 +52,6 @@ from tinyinfer.scheduler import (
 from tinyinfer.speculative import (
     Draft,
     Drafter,
-    DraftLength,
     DraftModelDrafter,
     SpeculativeStats,
     Verification,
@@ -140,8 +139,6 @@ class Engine:
         self.drafter = drafter
         self.num_draft = config.num_draft if drafter is not None else 0
         self.spec_stats = SpeculativeStats()
-        self.draft_length = (DraftLength(config.num_draft)
-                             if drafter is not None and config.adaptive_draft else None)
         if drafter is not None:
             _check_drafter(model, drafter, config.num_draft)
             if config.async_scheduling:
@@ -279,7 +276,6 @@ class Engine:
         """Run a scheduled step to its end: draft, forward, choose tokens, trace."""
         drafts = self._draft(out.chunks)
         t2 = time.perf_counter()
-        kept = (self.spec_stats.accepted, self.spec_stats.rejected)
         greedy = self._greedy_step(out.chunks, drafts) if self._greedy_only(out.chunks) else None
         if greedy is not None:
             steps, freed, t3, device_s = greedy
@@ -288,11 +284,6 @@ class Engine:
         if drafts:
             self.spec_stats.draft_seconds += t2 - t1
             self.spec_stats.verify_seconds += t3 - t2
-            if self.draft_length is not None:
-                accepted = self.spec_stats.accepted - kept[0]
-                self.draft_length.observe(max(len(d.tokens) for d in drafts.values()),
-                                          accepted + self.spec_stats.rejected - kept[1], accepted,
-                                          t2 - t1, t3 - t2)
         trace = self._finish_step(out, steps, freed, t0, t1, t2, t3, device_s)
         if drafts:
             self.spec_stats.step_seconds += time.perf_counter() - t0
@@ -437,9 +428,6 @@ class Engine:
             return {}
         seqs = [c.seq for c in chunks if c.kind == "decode"]
         ks = [self.scheduler.lookahead(seq) for seq in seqs]
-        if self.draft_length is not None and seqs:
-            most = self.draft_length.choose()
-            ks = [min(k, most) for k in ks]
         if self.draft_run is not None:
             drafts = self.draft_run.propose(seqs, ks)
         else:

@@ -33,9 +33,6 @@ class EngineConfig:
     kv_allocation: str = "paged"  # or "contiguous": reserve a full context per sequence
     detail: str = "basic"  # one of DETAIL_LEVELS
     num_draft: int = 4  # tokens a drafter guesses per step (speculative decoding only)
-    # Each step drafts the k in 0..num_draft that C10's closed form says is fastest at the
-    # acceptance and costs measured so far (speculative.DraftLength); off: always num_draft.
-    adaptive_draft: bool = False
     draft_num_pages: int = 512  # KV pages of a draft model, in pages of page_size tokens
     seed: int = 0  # seeds each request's sampler unless its SamplingParams has a seed
     # Prepare step N+1 on the host while the device runs step N (plain greedy decode steps; the

@@ -239,21 +239,17 @@ def greedy_alone(engine: Engine, prompts: list[list[int]], max_tokens: int,
 
 def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_tokens: int = 128,
                       num_draft: int = 4,
-                      plain: tuple[list[list[int]], float] | None = None,
-                      adaptive_draft: bool = False) -> SpeculativeResult:
+                      plain: tuple[list[list[int]], float] | None = None) -> SpeculativeResult:
     """Greedy decode of each prompt alone, plain vs speculative (warmed up once each).
 
     ``plain``: greedy_alone's result for the plain engine, when several drafters share it.
-    ``adaptive_draft``: the engine's option (each step's k chosen by the closed form, up to
-    num_draft; the closed form reported is then num_draft's).
     The oracle drafter follows the plain run's tokens through an untimed speculative pass,
     then the tokens of that pass through the timed one (see bench/oracle.py).
     """
     if plain is None:
         plain = greedy_alone(Engine(model, max_num_seqs=1, detail="none"), prompts, max_tokens)
     plain_ids, plain_s = plain
-    spec_engine = Engine(model, max_num_seqs=1, detail="none", drafter=drafter, num_draft=num_draft,
-                         adaptive_draft=adaptive_draft)
+    spec_engine = Engine(model, max_num_seqs=1, detail="none", drafter=drafter, num_draft=num_draft)
     oracle = isinstance(drafter, OracleDrafter)
     if oracle:
         drafter.follow(prompts, plain_ids)

@@ -59,15 +59,6 @@ def add_draft_quantize_args(parser: argparse.ArgumentParser) -> None:
                              "in that format too")
 
 
-def add_adaptive_draft_arg(parser: argparse.ArgumentParser) -> None:
-    """`--adaptive-draft`: each step drafts the k in 0..--num-draft that pays most (generate,
-    bench speculative)."""
-    parser.add_argument("--adaptive-draft", action="store_true",
-                        help="speculative: each step drafts the k (0 to --num-draft) that the closed "
-                             "form says is fastest at the acceptance and costs measured so far; "
-                             "0 is a plain step")
-
-
 def draft_quantization(args: argparse.Namespace, drafters: tuple[str, ...]) -> tuple[str | None, bool]:
     """The draft model's (quantize, quantize_head): --draft-quantize's where given, else
     --quantize's. Refuses, before any model loads, --draft-quantize-head without a format, an

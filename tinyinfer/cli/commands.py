@@ -14,7 +14,6 @@ from tinyinfer.cli import serve as cli_serve
 from tinyinfer.cli import simulate as cli_simulate
 from tinyinfer.cli import chat as cli_chat
 from tinyinfer.cli.args import (
-    add_adaptive_draft_arg,
     add_async_scheduling_arg,
     add_draft_quantize_args,
     add_model_args,
@@ -60,7 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--num-draft", type=positive_int, default=4, metavar="K",
                      help="tokens drafted per step")
     add_draft_quantize_args(gen)
-    add_adaptive_draft_arg(gen)
     add_async_scheduling_arg(gen)
     gen.add_argument("--stats", action="store_true",
                      help="print time to first token, tokens generated and tokens/s to stderr")
@@ -112,7 +110,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--task", choices=("continue", "rewrite"), default=None,
                        help="speculative prompts: continue a cue (default), or rewrite a given passage")
     add_draft_quantize_args(bench)
-    add_adaptive_draft_arg(bench)
     bench.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload")
     add_async_scheduling_arg(bench)
     add_json(bench, "the results")
@@ -123,8 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Options of bench speculative alone, and their defaults there.
 SPECULATIVE_OPTIONS = {"speculative": "draft", "draft_model": None, "num_draft": 4, "task": "continue",
-                       "acceptance": None, "draft_quantize": None, "draft_quantize_head": False,
-                       "adaptive_draft": False}
+                       "acceptance": None, "draft_quantize": None, "draft_quantize_head": False}
 # The drafters that run a draft model (the ones --draft-model and --draft-quantize apply to).
 MODEL_DRAFTERS = ("draft", "oracle")
 
@@ -260,10 +256,8 @@ def _bench_speculative(model, args: argparse.Namespace):
     drafter = make_drafter(args, preset=args.preset, acceptance=args.acceptance)
     result = bench.bench_speculative(model, drafter,
                                      bench.speculative_prompts(model, args.task),
-                                     max_tokens=args.max_tokens, num_draft=args.num_draft,
-                                     adaptive_draft=args.adaptive_draft)
-    k = f"k<={result.num_draft} (adaptive)" if args.adaptive_draft else f"k={result.num_draft}"
-    print(f"{result.drafter} drafter, {k}, {args.task}: plain "
+                                     max_tokens=args.max_tokens, num_draft=args.num_draft)
+    print(f"{result.drafter} drafter, k={result.num_draft}, {args.task}: plain "
           f"{result.plain_tokens_per_second:.1f} tok/s, speculative "
           f"{result.speculative_tokens_per_second:.1f} tok/s ({result.speedup:.2f}x), acceptance "
           f"{100 * result.acceptance_rate:.0f}% (per examined token "
@@ -282,13 +276,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise TinyInferError("--async-scheduling does not overlap speculative decoding steps: drop "
                              "--async-scheduling or --speculative")
     draft_quantization(args, ("draft",))
-    if args.adaptive_draft and not args.speculative:
-        raise TinyInferError("--adaptive-draft chooses how many tokens a drafter guesses: add --speculative")
     params = sampling_params(args)
     model = load_model(args)
     # Asynchronous scheduling keeps no step-by-step trace (detail "none"); generate reads none.
     engine = tinyinfer.Engine(model, drafter=make_drafter(args), num_draft=args.num_draft,
-                              adaptive_draft=args.adaptive_draft, async_scheduling=args.async_scheduling,
+                              async_scheduling=args.async_scheduling,
                               detail="none" if args.async_scheduling else DEFAULTS.detail)
     request_id = engine.add_request(args.prompt, params)  # a bad prompt fails here, before any output
     sys.stdout.write(args.prompt)

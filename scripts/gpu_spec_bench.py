@@ -1,6 +1,6 @@
 """Speculative decoding on one GPU: correctness checks, then timings (C10).
 
-    PYTHONPATH=. python3 scripts/gpu_spec_bench.py --out $OUT [--only checks,bundled,oracle]
+    PYTHONPATH=. python3 scripts/gpu_spec_bench.py --out $OUT [--only checks,bundled,oracle,exactness,profile]
         [--draft-quantize int4 --draft-quantize-head]
 
 (--device cpu --target qwen2.5-0.5b --draft qwen2.5-0.5b --tokens 6 --prompts 1 runs the

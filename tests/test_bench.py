@@ -222,7 +222,7 @@ def test_latency_with_async_scheduling_names_it_and_reports_no_idle_share_off_th
 
 
 @pytest.mark.parametrize("options", [["--speculative", "lookup"], ["--num-draft", "2", "--task", "rewrite"],
-                                     ["--acceptance", "0.5"]])
+                                     ["--acceptance", "0.5"], ["--acceptance", "0"]])
 def test_speculative_options_are_refused_for_other_workloads(options):
     """An option only bench speculative reads is an error elsewhere, not silently ignored."""
     done = cli("bench", "latency", *options)

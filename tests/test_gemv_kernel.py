@@ -196,3 +196,29 @@ def test_shard_decodes_through_the_fused_products_as_through_torch():
         "print('ok')\n"
     )
     run_interpreted(code)
+
+
+@needs_triton
+def test_auto_takes_the_triton_kernels_on_cuda_only():
+    """What "auto" picks, by device, checked on a machine without a GPU: the runner's choice
+    methods over a stand-in holding only a device and a head size (a real CUDA runner cannot be
+    built here; scripts/gpu_check.py builds one). The explicit choices the CPU takes under
+    Triton's interpreter must not leak into "auto"."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tinyinfer.runners.torch_fast import TorchRunner
+
+    def on(device: str):
+        return SimpleNamespace(device=torch.device(device), config=SimpleNamespace(head_dim=64))
+
+    cuda, cpu = on("cuda"), on("cpu")
+    assert TorchRunner._pick_prefill_attention(cuda, "auto") == "triton"
+    assert TorchRunner._pick_decode_attention(cuda, "auto") == "triton"
+    assert TorchRunner._pick_decode_products(cuda, "auto", "plain") == "triton"
+    assert TorchRunner._pick_decode_products(cuda, "auto", "quantized") == "torch"  # on request only
+    assert TorchRunner._pick_decode_products(cuda, "auto", None) == "torch"
+    assert TorchRunner._pick_prefill_attention(cpu, "auto") == "torch"
+    assert TorchRunner._pick_decode_attention(cpu, "auto") == "torch"
+    assert TorchRunner._pick_decode_products(cpu, "auto", "plain") == "torch"

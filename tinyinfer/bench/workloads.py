@@ -223,17 +223,11 @@ def speculative_prompts(model: Model, task: str, count: int = 8, seed: int = 0) 
 
 def greedy_alone(engine: Engine, prompts: list[list[int]], max_tokens: int,
                  label: str = "plain") -> tuple[list[list[int]], float]:
-    """Greedy decode of each prompt alone after a warm-up (compilation, graphs, caches): the
-    outputs and the seconds they took. The warm-up decodes the first prompt, or on a GPU every
-    prompt: there a prompt of another length may meet kernels Triton has not yet compiled for
-    its arguments (a step of 2..17 rows, a new row count's specialisation) and graphs not yet
-    captured — one-off work that took most of the bundled pair's first timed pass on an H100
-    (4.3-4.6 ms a token against 0.38-0.44 ms in a second pass)."""
+    """Greedy decode of each prompt alone after one warm-up prompt (compilation, graphs,
+    caches): the outputs and the seconds they took."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    on_gpu = engine.model.runner.info.device.startswith("cuda")
     with progress.task(f"{label}: prompts", total=len(prompts)) as advance:
-        for p in prompts if on_gpu else prompts[:1]:
-            engine.generate([p], params)
+        engine.generate([prompts[0]], params)
         engine.spec_stats = SpeculativeStats()
         start = time.perf_counter()
         outputs = []
@@ -246,7 +240,7 @@ def greedy_alone(engine: Engine, prompts: list[list[int]], max_tokens: int,
 def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_tokens: int = 128,
                       num_draft: int = 4,
                       plain: tuple[list[list[int]], float] | None = None) -> SpeculativeResult:
-    """Greedy decode of each prompt alone, plain vs speculative (each warmed up: greedy_alone).
+    """Greedy decode of each prompt alone, plain vs speculative (warmed up once each).
 
     ``plain``: greedy_alone's result for the plain engine, when several drafters share it.
     The oracle drafter follows the plain run's tokens through an untimed speculative pass,

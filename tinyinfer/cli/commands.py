@@ -128,7 +128,7 @@ MODEL_DRAFTERS = ("draft", "oracle")
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.workload != "speculative":
         given = [f"--{name.replace('_', '-')}" for name in SPECULATIVE_OPTIONS
-                 if getattr(args, name) not in (None, False)]
+                 if getattr(args, name) is not None and getattr(args, name) is not False]  # 0.0 is given
         if given:
             raise TinyInferError(f"{', '.join(given)} applies to bench speculative only: drop it "
                                  f"for bench {args.workload}")

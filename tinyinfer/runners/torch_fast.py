@@ -156,7 +156,8 @@ class TorchRunner:
             dynamo_config = torch._dynamo.config
             dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
             self._decode_fns = tuple(torch.compile(fn) for fn in self._eager)
-        fusable = self._fusable() if triton_env.runs_kernels(self.device) else None
+        fusable = (self._fusable() if decode_products != "torch" and triton_env.runs_kernels(self.device)
+                   else None)
         self.decode_products = self._pick_decode_products(decode_products, fusable)
         # the decode attention beside the fused products: the Triton kernel launched so that it
         # may start as the q|k|v product ends (programmatic dependent launch, where the card has it)
@@ -211,7 +212,7 @@ class TorchRunner:
         if choice == "triton" and not usable:
             raise TinyInferError("prefill_attention='triton' needs a CUDA device, an even head_dim "
                                  "and the triton package: use prefill_attention='torch'")
-        return choice if usable or choice == "triton" else "torch"
+        return "triton" if choice == "triton" or (choice == "auto" and usable) else "torch"
 
     def _pick_decode_products(self, choice: str, fusable: str | None) -> str:
         """"triton": decode steps of up to FUSED_MAX_ROWS rows through the fused Triton products
@@ -628,7 +629,6 @@ def _triton_prefill_attention() -> Callable[..., Tensor]:
     from tinyinfer.runners import torch_triton_prefill
 
     return torch_triton_prefill.paged_prefill_attention
-
 
 
 def _rope_tables(config: ModelConfig, device: torch.device) -> tuple[Tensor, Tensor]:

@@ -196,14 +196,15 @@ def applies(gated: bool, norm_biases: list[Tensor | None], weights: list[object]
     """Whether a model can run these kernels: a gated MLP, RMSNorm (no norm biases), and every
     product's weight where the kernels run (``triton_env.runs_kernels``), a plain tensor in
     float16 or bfloat16 or int8 / int4 in the Triton kernels' layout (``KernelWeight``). Under
-    Triton's CPU interpreter float32 too: there the tests check the kernels' arithmetic against
-    the torch path's float32."""
-    floats = (torch.float16, torch.bfloat16) + ((torch.float32,) if INTERPRETED else ())
-
+    Triton's CPU interpreter float32 CPU tensors too: there the tests check the kernels'
+    arithmetic against the torch path's float32."""
     def fits(w: object) -> bool:
         if isinstance(w, KernelWeight):
             return runs_kernels(w.words.device)
-        return isinstance(w, Tensor) and runs_kernels(w.device) and w.dtype in floats
+        if not isinstance(w, Tensor) or not runs_kernels(w.device):
+            return False
+        interpreted_cpu = INTERPRETED and w.device.type == "cpu"
+        return w.dtype in (torch.float16, torch.bfloat16) or (interpreted_cpu and w.dtype == torch.float32)
 
     return gated and all(b is None for b in norm_biases) and all(fits(w) for w in weights)
 

@@ -4,7 +4,8 @@ On CUDA devices; and, under Triton's CPU interpreter (``TRITON_INTERPRET=1``: th
 learner stepping through a kernel in a debugger), on the CPU. The runner's "auto" choices take
 the kernels on CUDA only, since the interpreter is for reading and checking them and far too
 slow to serve; asked for by name (``decode_products="triton"``, ``decode_attention="triton"``,
-...), they run wherever ``runs_kernels`` says.
+``quant_kernel="triton"``, ``batch_invariant=True``), they run wherever ``runs_kernels`` says.
+The prefill attention kernel is not among them: its tests call it directly.
 """
 
 from __future__ import annotations

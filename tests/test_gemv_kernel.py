@@ -57,6 +57,27 @@ print('ok')
     run_interpreted(code)
 
 
+def same_logits_on_every_step(make_runners: str) -> str:
+    """Interpreted code: ``make_runners`` builds ``runners`` (the torch path, then the fused
+    products); both run the same steps (two prompts prefilled, three one-row decode steps of
+    the first, then a two-row step through the row kernel), and every step's float32 logits of
+    the second match the first's within 1e-5 relative."""
+    a, b = [0, 1, 2, 3], [4, 5, 6, 7]
+    steps = [[([5, 9, 2, 11, 3, 8], 0, a, False), ([4, 4, 1], 0, b, False)]]
+    steps += [[([7 + i], 6 + i, a, False)] for i in range(3)]
+    steps += [[([30], 9, a, False), ([31], 3, b, False)]]
+    return (
+        "import numpy as np\n"
+        "from tinyinfer.runners.runner import make_batch\n"
+        + make_runners +
+        "caches = [r.new_kv_cache(32, 4) for r in runners]\n"
+        f"for entries in {steps!r}:\n"
+        "    ref, got = (r.forward(make_batch(entries, 4), kv) for r, kv in zip(runners, caches))\n"
+        "    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max(), np.abs(got - ref).max()\n"
+        "print('ok')\n"
+    )
+
+
 @needs_triton
 @pytest.mark.parametrize("name", ["llama-gqa-untied", "qwen2-bias"])
 def test_runner_decodes_through_the_fused_products_as_through_torch(name, oracle_model):
@@ -64,23 +85,11 @@ def test_runner_decodes_through_the_fused_products_as_through_torch(name, oracle
     under Triton's interpreter), the same float32 logits as the torch path; a batch of two rows
     runs the row kernel (test_rows_kernel.py)."""
     folder, _ = oracle_model(name)
-    a, b = [0, 1, 2, 3], [4, 5, 6, 7]
-    steps = [[([5, 9, 2, 11, 3, 8], 0, a, False), ([4, 4, 1], 0, b, False)]]
-    steps += [[([7 + i], 6 + i, a, False)] for i in range(3)]
-    steps += [[([30], 9, a, False), ([31], 3, b, False)]]
-    code = (
-        "import numpy as np\nimport tinyinfer\n"
-        "from tinyinfer.runners.runner import make_batch\n"
+    run_interpreted(same_logits_on_every_step(
+        "import tinyinfer\n"
         f"runners = [tinyinfer.load({str(folder)!r}, runner='torch', device='cpu', decode_products=products).runner\n"
         "           for products in ('torch', 'triton')]\n"
-        "assert [r.describe()['decode_products'] for r in runners] == ['torch', 'triton']\n"
-        "caches = [r.new_kv_cache(32, 4) for r in runners]\n"
-        f"for entries in {steps!r}:\n"
-        "    ref, got = (r.forward(make_batch(entries, 4), kv) for r, kv in zip(runners, caches))\n"
-        "    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max(), np.abs(got - ref).max()\n"
-        "print('ok')\n"
-    )
-    run_interpreted(code)
+        "assert [r.describe()['decode_products'] for r in runners] == ['torch', 'triton']\n"))
 
 
 def test_decode_products_option_is_checked_and_described(oracle_model):
@@ -174,28 +183,15 @@ def test_shard_decodes_through_the_fused_products_as_through_torch():
     """A shard's own layer loop (one rank, so no collectives to stand in for): prefill, then
     batch-1 decode steps through the fused products give the torch path's float32 logits; a
     batch of two rows through the row kernel, the same."""
-    a, b = [0, 1, 2, 3], [4, 5, 6, 7]
-    steps = [[([5, 9, 2, 11, 3, 8], 0, a, False), ([4, 4, 1], 0, b, False)]]
-    steps += [[([7 + i], 6 + i, a, False)] for i in range(3)]
-    steps += [[([30], 9, a, False), ([31], 3, b, False)]]
-    code = (
-        "import numpy as np\n"
+    run_interpreted(same_logits_on_every_step(
         "from tinyinfer.config import load_config\n"
         "from tinyinfer.model import BUNDLED\n"
-        "from tinyinfer.runners.runner import make_batch\n"
         "from tinyinfer.runners.tp.shard import ShardRunner\n"
         "from tinyinfer.weights import load_weights\n"
         "config = load_config(BUNDLED['bundled'])\n"
         "runners = [ShardRunner(config, load_weights(BUNDLED['bundled'], config), 0, 1, device='cpu',\n"
         "                       decode_products=products) for products in ('auto', 'triton')]\n"
-        "assert [r.describe()['decode_products'] for r in runners] == ['torch', 'triton']  # 'auto': CUDA only\n"
-        "caches = [r.new_kv_cache(32, 4) for r in runners]\n"
-        f"for entries in {steps!r}:\n"
-        "    ref, got = (r.forward(make_batch(entries, 4), kv) for r, kv in zip(runners, caches))\n"
-        "    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max(), np.abs(got - ref).max()\n"
-        "print('ok')\n"
-    )
-    run_interpreted(code)
+        "assert [r.describe()['decode_products'] for r in runners] == ['torch', 'triton']  # 'auto': CUDA only\n"))
 
 
 @needs_triton

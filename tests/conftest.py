@@ -198,3 +198,13 @@ def sentencepiece_model_folder(tmp_path_factory) -> Path:
     build_hf_model("llama-gqa-untied", folder)
     train_sentencepiece_tokenizer(folder, ORACLE_CONFIGS["llama-gqa-untied"][2]["vocab_size"])
     return folder
+
+
+@pytest.fixture
+def without_triton_interpreter(monkeypatch):
+    """The CPU as it is without Triton's interpreter, whatever the environment the suite runs
+    in (a developer may export TRITON_INTERPRET=1 for the whole suite): for the tests of the
+    runner's refusals of the Triton kernels on the CPU."""
+    from tinyinfer.runners import triton_env
+
+    monkeypatch.setattr(triton_env, "INTERPRETED", False)

@@ -92,7 +92,7 @@ def test_runner_decodes_through_the_fused_products_as_through_torch(name, oracle
         "assert [r.describe()['decode_products'] for r in runners] == ['torch', 'triton']\n"))
 
 
-def test_decode_products_option_is_checked_and_described(oracle_model):
+def test_decode_products_option_is_checked_and_described(oracle_model, without_triton_interpreter):
     folder, _ = oracle_model("llama-gqa-untied")
     model = tinyinfer.load(folder, runner="torch", device="cpu")
     assert model.runner.describe()["decode_products"] == "torch"  # "auto" on CPU

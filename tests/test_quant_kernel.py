@@ -87,7 +87,7 @@ def test_kernel_inputs_regroup_columns_by_place_in_a_word_and_sum_each_words_inp
                              [float(sum(range(16, 24))), float(sum(range(24, 32)))]]
 
 
-def test_the_runner_refuses_the_kernels_where_they_cannot_run():
+def test_the_runner_refuses_the_kernels_where_they_cannot_run(without_triton_interpreter):
     from tinyinfer.runners.torch_fast import TorchRunner
     from tinyinfer.runners.torch_weights import random_weights
     from tinyinfer.config import config_from_dict

@@ -137,7 +137,7 @@ def test_verification_step_equals_plain_steps_bit_for_bit(name, oracle_model):
     run_interpreted(code)
 
 
-def test_batch_invariant_needs_the_fused_products(oracle_model):
+def test_batch_invariant_needs_the_fused_products(oracle_model, without_triton_interpreter):
     folder, _ = oracle_model("llama-gqa-untied")
     assert tinyinfer.load(folder, runner="torch", device="cpu").runner.describe()["batch_invariant"] is False
     with pytest.raises(TinyInferError, match="batch_invariant needs the fused products"):

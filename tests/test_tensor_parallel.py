@@ -311,7 +311,7 @@ def test_cuda_without_gpus_is_refused():
         tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cuda")
 
 
-def test_unsupported_options_are_refused():
+def test_unsupported_options_are_refused(without_triton_interpreter):
     with pytest.raises(TinyInferError, match="quantize"):
         tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu", quantize="int8")
     with pytest.raises(TinyInferError, match="cuda:r"):

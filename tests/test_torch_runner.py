@@ -157,7 +157,7 @@ def test_random_weights_cover_every_weight_the_reference_reads(family):
     assert_runners_agree(ref, fast, steps, page_size=4, tol=1e-4)
 
 
-def test_bad_options_raise_errors_that_say_what_to_do(oracle_model):
+def test_bad_options_raise_errors_that_say_what_to_do(oracle_model, without_triton_interpreter):
     folder, _ = oracle_model("gpt2")
     with pytest.raises(TinyInferError, match="float32"):
         tinyinfer.load(folder, runner="torch", device="cpu", dtype="int8")

@@ -170,8 +170,8 @@ class TorchRunner:
         if batch_invariant and ("rows" not in self._fused or self.decode_attention_kind != "triton"):
             raise TinyInferError("batch_invariant needs the fused products and the Triton decode "
                                  "attention (decode_products='triton', decode_attention='triton': "
-                                 "CUDA, the triton package, RMSNorm, a gated MLP, unquantized "
-                                 "float16/bfloat16 weights)")
+                                 "CUDA or TRITON_INTERPRET=1, the triton package, RMSNorm, a "
+                                 "gated MLP, unquantized float16/bfloat16 weights)")
         self.batch_invariant = bool(batch_invariant)
         if self._fused and self.decode_attention_kind == "triton":
             # batch_invariant: every row's context in the same number of splits whatever the
@@ -192,8 +192,8 @@ class TorchRunner:
         if choice == "torch" or (choice == "auto" and not (self.device.type == "cuda" and even)):
             return "torch"
         if not (even and (self.device.type == "cuda" or triton_env.INTERPRETED)):
-            raise TinyInferError("the Triton decode kernel needs a CUDA device and an even head_dim: "
-                                 "use decode_attention='torch'")
+            raise TinyInferError("the Triton decode kernel needs a CUDA device (or the CPU under "
+                                 "TRITON_INTERPRET=1) and an even head_dim: use decode_attention='torch'")
         if _triton_decode_attention() is None:
             if choice == "triton":
                 raise TinyInferError("decode_attention='triton' needs the triton package: "
@@ -228,7 +228,8 @@ class TorchRunner:
         if choice == "torch":
             return "torch"
         if choice == "triton" and fusable is None:
-            raise TinyInferError("decode_products='triton' needs a CUDA device, the triton package, "
+            raise TinyInferError("decode_products='triton' needs a CUDA device (or the CPU under "
+                                 "TRITON_INTERPRET=1), the triton package, "
                                  "RMSNorm, a gated MLP and float16/bfloat16 weights (or int8/int4 "
                                  "ones with quant_kernel 'triton' or 'auto'): use decode_products='torch'")
         return "triton" if choice == "triton" or (fusable == "plain" and self.device.type == "cuda") else "torch"
@@ -260,7 +261,8 @@ class TorchRunner:
                   and triton_env.installed())
         if choice == "triton" and not (usable or (triton_env.INTERPRETED and triton_env.installed())):
             raise TinyInferError("quant_kernel='triton' needs Triton and a CUDA card of compute "
-                                 "capability 8.0 or later: use quant_kernel='torch'")
+                                 "capability 8.0 or later (or the CPU under TRITON_INTERPRET=1): "
+                                 "use quant_kernel='torch'")
         return choice if usable or choice == "triton" else "torch"
 
     def describe(self) -> dict[str, Any]:

@@ -231,6 +231,31 @@ def test_cli_speculative_picks_the_drafter(flags, drafter):
     assert session.speculation.on
 
 
+def test_cli_draft_quantize_reaches_the_draft_model_alone():
+    from tinyinfer.cli.commands import build_parser
+    from tui.session import precision_of
+
+    args = build_parser().parse_args(["tui", "--speculative", "draft", "--draft-quantize", "int4",
+                                      "--draft-quantize-head"])
+    session = open_session(cli.options_from_args(args))
+    draft = session.engine.drafter.model
+    assert precision_of(draft) == "int4-g128+head"
+    assert precision_of(session.engine.model) == "fp32"
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--speculative", "lookup", "--draft-quantize", "int8"], "drop --speculative lookup"),
+    (["--draft-quantize-head"], "name one with --draft-quantize"),
+    (["--speculative", "draft", "--draft-quantize", "int9"], "int9"),
+])
+def test_cli_refuses_draft_quantize_where_it_cannot_apply(flags, says, capsys):
+    from tinyinfer.cli.commands import main as tinyinfer_main
+
+    assert tinyinfer_main(["tui", *flags]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
 def test_cli_kv_cache_dtype_reaches_the_model_its_draft_and_a_reload():
     from tinyinfer.cli.commands import build_parser
     from tui.session import reload

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tinyinfer.cli.args import add_kv_cache_dtype_arg
+from tinyinfer.cli.args import add_draft_quantize_args, add_kv_cache_dtype_arg, check_draft_quantize
 from tinyinfer.cli.common import Parser, add_threads_arg, fail, positive_int
 from tinyinfer.errors import TinyInferError
 from tui.options import Options
@@ -42,6 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                              "bundled model, else prompt lookup, which needs no second model)")
     parser.add_argument("--num-draft", type=positive_int, default=4, metavar="K",
                         help="tokens drafted per step")
+    add_draft_quantize_args(parser)
     parser.add_argument("--quantize", default=None, metavar="FORMAT",
                         help="load the weights quantized: int8, int4, int4-g64, int4-g32-asym, ... "
                              "(shows the Quantization panel; m switches precision inside)")
@@ -64,7 +65,9 @@ def options_from_args(args: argparse.Namespace) -> Options:
                    device=args.device, tensor_parallel=args.tensor_parallel, scenario=args.scenario,
                    speculative=args.speculative is not None,
                    drafter=None if args.speculative == "auto" else args.speculative,
-                   draft_model=args.draft_model, num_draft=args.num_draft, quantize=args.quantize,
+                   draft_model=args.draft_model, num_draft=args.num_draft,
+                   draft_quantize=args.draft_quantize, draft_quantize_head=args.draft_quantize_head,
+                   quantize=args.quantize,
                    kv_cache_dtype=args.kv_cache_dtype,
                    replay=args.replay, record=args.record,
                    seed=args.seed, walkthrough=not args.free, show_timings=not args.no_timings)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tinyinfer.cli.args import check_draft_quantize
 from tinyinfer.errors import TinyInferError
 
 from tui.scenarios import SCENARIOS
@@ -23,6 +24,8 @@ class Options:
     drafter: str | None = None  # "draft", "lookup"; None: a draft model if there is one, else lookup
     draft_model: str | None = None  # None: bundled-draft (with the bundled model, or drafter "draft")
     num_draft: int = 4
+    draft_quantize: str | None = None  # the draft model's weight format (None: float weights)
+    draft_quantize_head: bool = False  # its embedding and LM head in that format too
     quantize: str | None = None  # weight format to load with (int8, int4, ...); None: the scenario's
     kv_cache_dtype: str = "auto"  # K/V storage: "auto" (the compute dtype) or "int8"
     replay: Path | None = None
@@ -34,6 +37,8 @@ class Options:
 
     def check(self) -> None:
         """Refuse settings that do not combine, before anything loads."""
+        check_draft_quantize(self.draft_quantize, self.draft_quantize_head, self.drafter != "lookup",
+                             "drop --speculative lookup (prompt lookup needs no second model)")
         if self.tensor_parallel == 1:
             return
         if self.replay is not None:

@@ -306,6 +306,7 @@ def speculation_for(options: Options, model: tinyinfer.Model, on: bool) -> Specu
     if draft is None or options.drafter == "lookup":
         return Speculation(PromptLookupDrafter, "prompt lookup", options.num_draft, on)
     draft_model = tinyinfer.load(draft, runner=model.runner.name, device=options.device,
+                                 quantize=options.draft_quantize, quantize_head=options.draft_quantize_head,
                                  kv_cache_dtype=options.kv_cache_dtype)
     return Speculation(lambda: DraftModelDrafter(draft_model), f"draft model {draft_model.name}",
                        options.num_draft, on)

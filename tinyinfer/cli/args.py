@@ -49,7 +49,7 @@ def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") ->
 
 def add_draft_quantize_args(parser: argparse.ArgumentParser) -> None:
     """`--draft-quantize FORMAT` and `--draft-quantize-head`: the draft model's weights alone, as
-    llama.cpp users run a q4 draft beside an f16 target (generate, bench speculative)."""
+    llama.cpp users run a q4 draft beside an f16 target (generate, bench speculative, tui)."""
     parser.add_argument("--draft-quantize", default=None, metavar="FORMAT",
                         help="quantize the draft model alone (speculative decoding with a draft "
                              "model): int8, int4, int4-g64, ...; none: float weights (default: as "
@@ -59,27 +59,34 @@ def add_draft_quantize_args(parser: argparse.ArgumentParser) -> None:
                              "in that format too")
 
 
-def draft_quantization(args: argparse.Namespace, drafters: tuple[str, ...]) -> tuple[str | None, bool]:
-    """The draft model's (quantize, quantize_head): --draft-quantize's where given, else
-    --quantize's. Refuses, before any model loads, --draft-quantize-head without a format, an
-    unknown format, and either option without a drafter of ``drafters`` (those that run a draft
-    model)."""
+def check_draft_quantize(fmt: str | None, head: bool, drafting: bool, remedy: str) -> None:
+    """Refuse, before any model loads, --draft-quantize-head without a format, an unknown
+    format, and either option where no draft model runs (``drafting`` False; ``remedy`` says
+    what to change)."""
     from tinyinfer.errors import TinyInferError
     from tinyinfer.quant import QuantConfig
 
-    fmt, head = args.draft_quantize, args.draft_quantize_head
     if fmt is None and not head:
-        return args.quantize, args.quantize_head
-    if args.speculative not in drafters:
+        return
+    if not drafting:
         given = "--draft-quantize" if fmt is not None else "--draft-quantize-head"
-        raise TinyInferError(f"{given} applies to a draft model: add --speculative "
-                             f"{' or '.join(drafters)}")
+        raise TinyInferError(f"{given} applies to a draft model: {remedy}")
     if head and fmt in (None, "none"):
         raise TinyInferError("--draft-quantize-head stores the draft model's embedding and LM head "
                              "in its format: name one with --draft-quantize (e.g. int8 or int4)")
     if fmt != "none":
         QuantConfig.parse(fmt)  # an unknown format fails here, in one line
-    return fmt, head
+
+
+def draft_quantization(args: argparse.Namespace, drafters: tuple[str, ...]) -> tuple[str | None, bool]:
+    """The draft model's (quantize, quantize_head): --draft-quantize's where given, else
+    --quantize's; checked (``check_draft_quantize``) against the drafters of ``drafters``
+    (those that run a draft model)."""
+    check_draft_quantize(args.draft_quantize, args.draft_quantize_head, args.speculative in drafters,
+                         f"add --speculative {' or '.join(drafters)}")
+    if args.draft_quantize is None and not args.draft_quantize_head:
+        return args.quantize, args.quantize_head
+    return args.draft_quantize, args.draft_quantize_head
 
 
 def add_kv_cache_dtype_arg(parser: argparse.ArgumentParser) -> None:

@@ -166,7 +166,10 @@ def main() -> None:
         phases = f"(no table: {missing})"
     graphs = dict(counters["stats"])
     say(f"compiled and captured in {compile_s:.1f} s; Dynamo stats {graphs}\n{phases}")
-    rates = [once() for _ in range(args.runs)]
+    rates = []
+    for run in range(args.runs):  # a line a run, so that a run cut short shows where it stopped
+        rates.append(once())
+        say(f"timed run {run + 1} of {args.runs}: {rates[-1]:.1f} tok/s")
     if rank is not None:
         torch.distributed.destroy_process_group()
     if rank not in (None, 0):

@@ -15,14 +15,17 @@
 #   bash scripts/tp_scaling.sh OUT_DIR fused_rest  # a 4-GPU host: what 'fused' could not fit, the 70B and
 #                                                # gpt-fast at TP=4 and TP=2, with ours at TP=4 and TP=1 as
 #                                                # the same-call reference (about 470 s)
+#   bash scripts/tp_scaling.sh OUT_DIR same_call   # a 4-GPU host: ours at TP=1, 2 and 4 (asynchronous, TP=4
+#                                                # profiled) and gpt-fast at TP=2 and 4 in one call, then the
+#                                                # 70B at TP=4 (about 560 s)
 # (BUDGET=seconds: a group that would start with fewer than 30 s left is skipped, and the
 # gpt-fast groups get what is left of it.)
 # Needs tinyinfer's dependencies importable (and, for gpt-fast, GPT_FAST=a checkout; for the
 # gqa stages, transformers with its own regex: don't shadow it with an older regex wheel).
 # Results: OUT_DIR/summary.json (every group's tp_gpu_check.json, by group), OUT_DIR/logs.txt and
 # the profiles' kernel tables (the device machine returns only a few files).
-out=${1:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers|fused|fused_rest}
-mode=${2:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers|fused|fused_rest}
+out=${1:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers|fused|fused_rest|same_call}
+mode=${2:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers|fused|fused_rest|same_call}
 here=$(cd "$(dirname "$0")" && pwd)
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -147,6 +150,17 @@ elif [ "$mode" = fused ]; then
   group 0,1,2,3 130 8b_tp4_symm_mem_async_profile_batch32
   group 0,1,2,3 100 70b_tp4_symm_mem_async
   group 0,1,2,3 300 gpt_fast_tp4
+elif [ "$mode" = same_call ]; then
+  # gpt-fast at TP=2 (GPUs 0,1) beside ours at TP=2 then TP=1 (GPUs 2,3), on separate CPU halves;
+  # then gpt-fast at TP=4 and ours at TP=4 each alone on the host, the 70B last
+  cores=$(nproc)
+  CPUS=0-$((cores / 2 - 1)) group 0,1 180 gpt_fast_tp2 &
+  (CPUS=$((cores / 2))-$((cores - 1)) group 2,3 80 8b_tp2_symm_mem_async
+   CPUS=$((cores / 2))-$((cores - 1)) group 2 70 8b_tp1_symm_mem_async) &
+  wait
+  group 0,1,2,3 180 gpt_fast_tp4
+  group 0,1,2,3 100 8b_tp4_symm_mem_async_profile
+  group 0,1,2,3 100 70b_tp4_symm_mem_async
 elif [ "$mode" = fused_rest ]; then
   # each alone on the host except gpt-fast at TP=2 (GPUs 0,1) beside ours at TP=1 (GPU 2)
   group 0,1,2,3 100 70b_tp4_symm_mem_async

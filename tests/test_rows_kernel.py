@@ -137,6 +137,38 @@ def test_verification_step_equals_plain_steps_bit_for_bit(name, oracle_model):
     run_interpreted(code)
 
 
+@needs_triton
+def test_batch_invariant_rows_are_computed_alike_whatever_shares_their_step(oracle_model):
+    """With batch_invariant (under Triton's CPU interpreter), a sequence's logits do not depend
+    on the other sequences of its step, bit for bit: a short prompt alone (one q, so it takes
+    the decode attention) and beside a prompt of another length, beside a long prompt (a
+    prefill chunk) and beside decoding rows; a verification of 5 tokens alone and beside a
+    prefill chunk."""
+    folder, _ = oracle_model("llama-gqa-untied")
+    code = (
+        "import numpy as np\nimport tinyinfer\n"
+        "from tinyinfer.runners.runner import make_batch\n"
+        f"runner = tinyinfer.load({str(folder)!r}, runner='torch', device='cpu', decode_products='triton',\n"
+        "                        decode_attention='triton', batch_invariant=True).runner\n"
+        "A, B, C = [5, 9, 2, 11, 3, 8, 1, 17, 40, 22], [3, 3, 8, 21, 9, 10, 2], list(range(1, 31))\n"
+        "ta, tb, tc = [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]\n"
+        "def first(*seqs):\n"
+        "    return runner.forward(make_batch(list(seqs), 4), runner.new_kv_cache(16, 4))[0]\n"
+        "alone = first((A, 0, ta, False))\n"
+        "for other in [(B, 0, tb, False), (C, 0, tc, False), ([7], 0, tb, False)]:\n"
+        "    beside = first((A, 0, ta, False), other)\n"
+        "    assert np.array_equal(alone, beside), (len(other[0]), np.abs(alone - beside).max())\n"
+        "def verify(*others):\n"
+        "    kv = runner.new_kv_cache(16, 4)\n"
+        "    runner.forward(make_batch([(A, 0, ta, False)], 4), kv)\n"
+        "    return runner.forward(make_batch([([4, 6, 1, 2, 9], 10, ta, True), *others], 4), kv)[:5]\n"
+        "alone, together = verify(), verify((C, 0, tc, False))\n"
+        "assert np.array_equal(alone, together), np.abs(alone - together).max()\n"
+        "print('ok')\n"
+    )
+    run_interpreted(code)
+
+
 def test_batch_invariant_needs_the_fused_products(oracle_model, without_triton_interpreter):
     folder, _ = oracle_model("llama-gqa-untied")
     assert tinyinfer.load(folder, runner="torch", device="cpu").runner.describe()["batch_invariant"] is False

@@ -94,14 +94,24 @@ class TorchKVCache:
 
 
 @dataclass(frozen=True)
+class _DecodeGroup:
+    """Sequences of one step that take the decode attention with the same q new tokens each."""
+
+    rows: Tensor  # [Bg q] their rows, each sequence's q in order
+    tables: Tensor  # [Bg, W] their page tables
+
+
+@dataclass(frozen=True)
 class _Step:
     """A batch as device tensors, split into decoding rows and prefill chunks."""
 
     token_ids: Tensor  # [T] int64
     positions: Tensor  # [T] int64
     slots: Tensor  # [T] int64
-    decode_tables: Tensor | None  # [Bd, W] page tables of the sequences on the decode path
-    decode_rows: Tensor | None  # [Bd] their rows; None when every row decodes
+    decode_tables: Tensor | None  # [B, W] page tables when every row decodes (q rows a sequence)
+    # beside prefill chunks (or, batch-invariant, beside other q's): the sequences on the decode
+    # path, one group per number of new tokens
+    decode_groups: tuple[_DecodeGroup, ...] = ()
     prefills: PrefillChunks | None = None  # the prefill chunks, packed; None when every row decodes
     prefill_rows: Tensor | None = None  # [Tp] their rows; None when every row is theirs
     logits_rows: Tensor | None = None  # [R]; None means every row
@@ -421,23 +431,25 @@ class TorchRunner:
         k_cache, v_cache = kv.k[layer], kv.v[layer]  # [P + 1, S, Hkv, hd]
         scales = kv.layer_scales(layer)  # int8 K/V: k_scale, v_scale [P + 1, S, Hkv]
 
-        def decode(qkv_rows: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
-            return attend(qkv_rows, positions, slots, step.decode_tables, k_cache, v_cache,
-                          self.cos, self.sin, c.num_heads, **scales)
+        def decode(rows: Tensor | None, tables: Tensor) -> Tensor:
+            if rows is None:
+                return attend(qkv, step.positions, step.slots, tables, k_cache, v_cache,
+                              self.cos, self.sin, c.num_heads, **scales)
+            return attend(qkv[rows], step.positions[rows], step.slots[rows], tables, k_cache,
+                          v_cache, self.cos, self.sin, c.num_heads, **scales)
 
-        if step.prefills is None:
-            return decode(qkv, step.positions, step.slots)
+        if step.prefills is None and not step.decode_groups:
+            return decode(None, step.decode_tables)
         rows = step.prefill_rows
-        prefilled = self.prefill_attention(qkv if rows is None else qkv[rows], step.prefills,
-                                           k_cache, v_cache, self.cos, self.sin, c.num_heads,
-                                           **scales)  # [Tp, H hd]
-        if rows is None:
-            return prefilled
+        if step.prefills is not None and rows is None:  # every row is a prefill chunk's
+            return self.prefill_attention(qkv, step.prefills, k_cache, v_cache, self.cos, self.sin,
+                                          c.num_heads, **scales)  # [T, H hd]
         out = qkv.new_empty((qkv.shape[0], c.num_heads * c.head_dim))  # [T, H hd]
-        out[rows] = prefilled
-        if step.decode_rows is not None:
-            decoding = step.decode_rows
-            out[decoding] = decode(qkv[decoding], step.positions[decoding], step.slots[decoding])
+        if step.prefills is not None:
+            out[rows] = self.prefill_attention(qkv[rows], step.prefills, k_cache, v_cache, self.cos,
+                                               self.sin, c.num_heads, **scales)  # [Tp, H hd]
+        for group in step.decode_groups:
+            out[group.rows] = decode(group.rows, group.tables)
         return out
 
     # ------------------------------------------------------------------ inputs
@@ -446,39 +458,41 @@ class TorchRunner:
         """Move a batch to the device and sort its sequences into decodes and prefill chunks.
 
         Sequences of one new token decode; so do all sequences when each has the same q <=
-        MAX_DECODE_TOKENS new tokens (a verification step); the rest are prefill chunks."""
+        MAX_DECODE_TOKENS new tokens (a verification step); the rest are prefill chunks. With
+        batch_invariant, every sequence of q <= MAX_DECODE_TOKENS new tokens decodes, whatever
+        the others have (one decode launch per q): a short prompt alone has one q and would
+        decode, and in a batch of other lengths it would otherwise be a prefill chunk, whose
+        attention rounds differently."""
         def tensor(values: np.ndarray) -> Tensor:
             return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(self.device)
 
+        def tables(seqs: np.ndarray) -> Tensor:  # [len(seqs), W], each row padded past its pages
+            width = max(len(batch.page_tables[b]) for b in seqs)
+            padded = np.zeros((len(seqs), width), dtype=np.int64)
+            for row, b in enumerate(seqs):
+                padded[row, :len(batch.page_tables[b])] = batch.page_tables[b]
+            return tensor(padded)
+
         starts = batch.query_starts
         lengths = np.diff(starts)  # [B] new tokens per sequence
-        q = _uniform_tokens_per_seq(batch)
-        decoding = np.flatnonzero(lengths == (q or 1))
-        tables = None
-        if len(decoding):
-            width = max(len(batch.page_tables[b]) for b in decoding)
-            padded = np.zeros((len(decoding), width), dtype=np.int64)  # [Bd, W]
-            for row, b in enumerate(decoding):
-                padded[row, :len(batch.page_tables[b])] = batch.page_tables[b]
-            tables = tensor(padded)
-        prefilling = np.flatnonzero(lengths != (q or 1))
-        prefills, prefill_rows = None, None
-        if len(prefilling):
-            rows = np.concatenate([np.arange(starts[b], starts[b + 1]) for b in prefilling])  # [Tp]
-            if len(rows) < batch.num_tokens:
-                prefill_rows = tensor(rows)
-            prefills = self._prefill_chunks(batch, prefilling, rows, page_size, tensor)
         all_rows = np.array_equal(batch.logits_rows, np.arange(batch.num_tokens))
-        return _Step(
-            token_ids=tensor(batch.token_ids),
-            positions=tensor(batch.positions),
-            slots=tensor(batch.slot_mapping),
-            decode_tables=tables,
-            decode_rows=tensor(starts[decoding]) if prefills and len(decoding) else None,
-            prefills=prefills,
-            prefill_rows=prefill_rows,
-            logits_rows=None if all_rows else tensor(batch.logits_rows),
-        )
+        step = _Step(token_ids=tensor(batch.token_ids), positions=tensor(batch.positions),
+                     slots=tensor(batch.slot_mapping), decode_tables=None,
+                     logits_rows=None if all_rows else tensor(batch.logits_rows))
+        if _uniform_tokens_per_seq(batch) is not None:
+            return dataclasses.replace(step, decode_tables=tables(np.arange(batch.num_seqs)))
+        decodes = lengths <= MAX_DECODE_TOKENS if self.batch_invariant else lengths == 1
+        groups = tuple(_DecodeGroup(rows=tensor((starts[seqs][:, None] + np.arange(q)).ravel()),
+                                    tables=tables(seqs))
+                       for q in np.unique(lengths[decodes])
+                       for seqs in [np.flatnonzero(decodes & (lengths == q))])
+        prefilling = np.flatnonzero(~decodes)
+        if not len(prefilling):
+            return dataclasses.replace(step, decode_groups=groups)
+        rows = np.concatenate([np.arange(starts[b], starts[b + 1]) for b in prefilling])  # [Tp]
+        return dataclasses.replace(
+            step, decode_groups=groups, prefills=self._prefill_chunks(batch, prefilling, rows, page_size, tensor),
+            prefill_rows=tensor(rows) if len(rows) < batch.num_tokens else None)
 
     def _prefill_chunks(self, batch: Batch, seqs: np.ndarray, rows: np.ndarray, page_size: int,
                         tensor: Callable[[np.ndarray], Tensor]) -> PrefillChunks:
@@ -516,7 +530,7 @@ class TorchRunner:
             width = min(math.ceil(self.config.max_model_len / kv.page_size), kv.num_pages)
             kv.graphs[q] = DecodeGraphs(
                 step=lambda tokens, positions, slots, tables: self._forward_step(
-                    _Step(tokens, positions, slots, decode_tables=tables, decode_rows=None), kv),
+                    _Step(tokens, positions, slots, decode_tables=tables), kv),
                 max_batch=self.max_graph_batch, table_width=width,
                 scratch_page=kv.scratch_page, page_size=kv.page_size, device=self.device,
                 tokens_per_seq=q)

@@ -355,18 +355,20 @@ class TorchRunner:
         rows' logits), no rounds, or a batch past the largest graph go round by round."""
         q = _uniform_tokens_per_seq(batch)
         n = rounds.num_rounds
-        if (q is None or q > MAX_ROUNDS_CATCH_UP or n == 0
+        if (q is None or q > MAX_ROUNDS_CATCH_UP
                 or not np.array_equal(batch.logits_rows, np.arange(batch.num_tokens))):
             return launch_rounds_stepwise(self, batch, kv_cache, rounds)
         with torch.no_grad():
             if self.cuda_graphs:
                 graphs = self._round_graphs(q, n, kv_cache)
-                size = graphs.padded_size(batch.num_seqs)
-                if size is None:
+                size = graphs.padded_size(batch.num_seqs) if graphs is not None else None
+                if graphs is None or size is None:
                     return launch_rounds_stepwise(self, batch, kv_cache, rounds)
-                ids = graphs.run(batch, size, rounds=rounds)
-            else:
+                ids = graphs.run(batch, size, rounds=_sat_out_after(rounds, graphs.rounds))[:, :n + 1]
+            elif n:
                 ids = self._greedy_rounds(kv_cache, q, *self._rounds_inputs(batch, rounds, kv_cache))
+            else:
+                return launch_rounds_stepwise(self, batch, kv_cache, rounds)
         return _tokens_future(ids, rounds.slots.T < 0)
 
     def _rounds_inputs(self, batch: Batch, rounds: Rounds, kv: TorchKVCache) -> tuple[Tensor, ...]:
@@ -591,10 +593,18 @@ class TorchRunner:
                 tokens_per_seq=q)
         return kv.graphs[q]
 
-    def _round_graphs(self, q: int, rounds: int, kv: TorchKVCache) -> DecodeGraphs:
-        """The cache's graphs of a q-token step followed by ``rounds`` greedy rounds."""
+    def _round_graphs(self, q: int, rounds: int, kv: TorchKVCache) -> DecodeGraphs | None:
+        """The cache's graphs of a q-token step followed by ``rounds`` greedy rounds, or by the
+        fewest more that it has (the extra rounds run for nobody): a sequence's last steps, whose
+        guesses its max_tokens cuts short, replay the graph of its full ones rather than capture
+        one of each length. None for no rounds where no graph of q tokens exists yet."""
         if kv.round_graphs is None:
             kv.round_graphs = {}
+        more = [n for p, n in kv.round_graphs if p == q and n >= rounds]
+        if more:
+            return kv.round_graphs[q, min(more)]
+        if rounds == 0:
+            return None
         if (q, rounds) not in kv.round_graphs:
             kv.round_graphs[q, rounds] = DecodeGraphs(
                 step=functools.partial(self._greedy_rounds, kv, q),
@@ -619,6 +629,12 @@ def _uniform_tokens_per_seq(batch: Batch) -> int | None:
     if rest or not 1 <= q <= MAX_DECODE_TOKENS:
         return None
     return q if np.array_equal(batch.query_starts, np.arange(batch.num_seqs + 1) * q) else None
+
+
+def _sat_out_after(rounds: Rounds, num_rounds: int) -> Rounds:
+    """``rounds`` followed by rounds that every sequence sits out, up to ``num_rounds``."""
+    extra = np.full((num_rounds - rounds.num_rounds, rounds.positions.shape[1]), -1, dtype=np.int64)
+    return Rounds(np.concatenate([rounds.positions, extra]), np.concatenate([rounds.slots, extra]))
 
 
 def _tokens_future(ids: Tensor, sat_out: np.ndarray) -> TokensFuture:

@@ -11,7 +11,8 @@ Sections (each writes its results to OUT/gpu_spec_bench.json as soon as it finis
 * checks   the paged decode kernel with q = 5 query rows per sequence against the torch
            version, and row for row against q = 1 (bit equality); a verification step through
            a CUDA graph against the same step eager; greedy draft rounds replayed from one CUDA
-           graph against the same function eager and the stepwise rule (argmaxes, K/V)
+           graph against the same function eager and the stepwise rule (argmaxes, K/V); graphs
+           captured while dropped caches' graphs wait for the collector (capture_gc)
 * bundled  plain vs speculative decoding of the bundled pair (draft model drafter, k = 2, 4), twice in
            the same process, with what each timed run compiled (Triton kernels, Dynamo frames);
            the second pass also with the draft's rounds launched one by one (the stepwise rule,
@@ -166,6 +167,25 @@ def check_rounds(results: dict) -> None:
     log(f"  rounds graph vs: {results['rounds_graph_vs']}, captured {results['rounds_check_captured']}")
 
 
+def check_capture_gc(results: dict) -> None:
+    """Graphs captured while the graphs of dropped caches wait in reference cycles and the
+    collector runs at nearly every allocation: a collection inside a capture would destroy one
+    and fail the capture (torch_graphs.collection_paused keeps it out)."""
+    model = load("bundled-draft", runner="torch", device="cuda", dtype="bfloat16")
+    ids = np.random.default_rng(9).integers(0, model.config.vocab_size, 5).tolist()
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        for _ in range(4):
+            kv = model.runner.new_kv_cache(8, 16)
+            model.runner.forward(make_batch([(ids, 0, [0, 1], True)], 16), kv)  # 5 rows: a graph
+            del kv  # its graphs now wait in a cycle
+        results["capture_gc"] = "ok"
+    finally:
+        gc.set_threshold(*threshold)
+    log(f"  captures beside dropped graphs, collector at every allocation: {results['capture_gc']}")
+
+
 def first_differences(plain: list[list[int]], spec: list[list[int]]) -> dict:
     """Token for token: how many outputs are identical, and where each first differs."""
     first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(plain, spec)]
@@ -224,7 +244,7 @@ def exactness(results: dict) -> None:
 
 
 def checks(results: dict) -> None:
-    for part in (check_kernel, check_graphs, check_rounds):
+    for part in (check_kernel, check_graphs, check_rounds, check_capture_gc):
         if part.__name__.removeprefix("check_") not in ARGS.checks:
             continue
         try:
@@ -475,8 +495,8 @@ def main() -> int:
                         help="with --draft-quantize: oracle and profile run the quantized draft alone")
     parser.add_argument("--ks", default="4,2,8", help="oracle: the draft lengths k, in order")
     parser.add_argument("--alphas", default="0.8,0.6,0.9", help="oracle: the acceptances, in order")
-    parser.add_argument("--checks", default="kernel,graphs,rounds",
-                        help="checks: which of kernel, graphs, rounds to run")
+    parser.add_argument("--checks", default="kernel,graphs,rounds,capture_gc",
+                        help="checks: which of kernel, graphs, rounds, capture_gc to run")
     parser.add_argument("--stepwise-too", action="store_true",
                         help="oracle: each k's first alpha again with the draft rounds launched one by one")
     parser.add_argument("--quick-exactness", action="store_true",

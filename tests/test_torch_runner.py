@@ -467,3 +467,25 @@ def test_gather_decode_attention_takes_a_bf16_cache():
                                                cos, sin, 4)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_no_garbage_collection_while_a_graph_captures():
+    """A CUDA graph's capture runs with the collector paused (a collection could destroy an old
+    graph mid-capture, which CUDA refuses): paused inside, as it was after, an error included.
+    (The capture itself needs CUDA: scripts/gpu_spec_bench.py's checks capture graphs.)"""
+    import gc
+
+    from tinyinfer.runners.torch_graphs import collection_paused
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collection_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("a failed capture")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collection_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # left as it was found
+    finally:
+        gc.enable()

@@ -21,8 +21,10 @@ stages every round's positions and slots with the step's; only the tokens are th
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -156,7 +158,22 @@ class DecodeGraphs:
                 self.step(*views)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits = self.step(*views)
+        with collection_paused(), torch.cuda.graph(graph, pool=self.pool):
+            out = self.step(*views)
         self.pool = graph.pool()
-        return graph, logits
+        return graph, out
+
+
+@contextlib.contextmanager
+def collection_paused() -> Iterator[None]:
+    """No garbage collection inside: while a stream captures, CUDA refuses to destroy a graph, and
+    a collection may destroy one (a dropped cache's graphs wait in a reference cycle: each
+    graph's step refers to the cache that holds it), which fails the capture. torch collects
+    before a capture only on request (torch.compiler.config.force_cudagraph_gc)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()

@@ -62,7 +62,9 @@ class DecodeGraphs:
         size = self.tables_at + self.max_batch * table_width
         # Two pinned staging buffers, used in turn: with steps queued ahead (asynchronous
         # scheduling) the host writes one while the other's copy may still wait on the device.
-        self.hosts = [torch.zeros(size, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+        # (Pinned on CUDA only: elsewhere the staging runs, for tests, but nothing captures.)
+        pinned = device.type == "cuda"
+        self.hosts = [torch.zeros(size, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self.copied: list[Any] = [None, None]  # per buffer, an event after its last copy
         self.turn = 0
         self.inputs = torch.zeros(size, dtype=torch.int64, device=device)

@@ -10,18 +10,23 @@ Sections (each writes its results to OUT/gpu_spec_bench.json as soon as it finis
 
 * checks   the paged decode kernel with q = 5 query rows per sequence against the torch
            version, and row for row against q = 1 (bit equality); a verification step through
-           a CUDA graph against the same step eager
+           a CUDA graph against the same step eager; greedy draft rounds replayed from one CUDA
+           graph against the same function eager and the stepwise rule (argmaxes, K/V); graphs
+           captured while dropped caches' graphs wait for the collector (capture_gc)
 * bundled  plain vs speculative decoding of the bundled pair (draft model drafter, k = 2, 4), twice in
-           the same process, with what each timed run compiled (Triton kernels, Dynamo frames)
+           the same process, with what each timed run compiled (Triton kernels, Dynamo frames);
+           the second pass also with the draft's rounds launched one by one (the stepwise rule,
+           as before the rounds ran in one graph), for a before/after in the same process
 * oracle   llama-3-8b shape (random weights) as target, the llama-3.2-1b shape as draft model,
            the oracle drafter at acceptance 0.6 / 0.8 / 0.9 x k = 2 / 4 / 8, each against the
            simulator's closed form at the measured costs; the draft shape's own plain step time.
            With --draft-quantize FORMAT [--draft-quantize-head] the same rows again with the
-           draft shape in that format (random codes), against the same plain baseline
+           draft shape in that format (random codes), against the same plain baseline;
+           --stepwise-too: each row's first alpha at each k again with the rounds one by one
 * profile  where a draft token's time goes: the oracle at a = 0.8, k = 4 with each draft (bf16,
-           and --draft-quantize's), every draft-model round's host time to launch and device
-           time, the span of a step's rounds on the device against the propose call's wall
-           time, and the draft's 1-row and 2-row steps replayed alone from their CUDA graphs
+           and --draft-quantize's), per propose call the host's time to launch the rounds, their
+           device time, the device's wait before them and after them, against the call's wall
+           time, and the draft's 1-row step replayed alone from its CUDA graph
 * exactness bf16 greedy speculative vs plain decoding, token for token: the bundled pair with
            and without batch_invariant (every prompt, k = 2, 4, 8), and the oracle's target shape
            with batch_invariant (the oracle drafter over the draft shape, timed as well)
@@ -30,7 +35,9 @@ Sections (each writes its results to OUT/gpu_spec_bench.json as soon as it finis
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import sys
@@ -46,7 +53,7 @@ from tinyinfer.bench import workloads as bench
 from tinyinfer.bench.oracle import OracleDrafter
 from tinyinfer.engine import Engine
 from tinyinfer.model import load
-from tinyinfer.runners.runner import make_batch
+from tinyinfer.runners.runner import Rounds, launch_rounds_stepwise, make_batch
 from tinyinfer.sampling import SamplingParams
 from tinyinfer.speculative import DraftModelDrafter, SpeculativeStats
 
@@ -125,6 +132,60 @@ def check_graphs(results: dict) -> None:
     log(f"  verify graph vs eager: {results['graph_vs_eager']}, graphs for q = {results['graph_check_captured_q']}")
 
 
+def check_rounds(results: dict) -> None:
+    """Greedy draft rounds (a 2-token catch-up, then 3 rounds, batch of 3) on the bundled draft
+    in bf16: replayed from one CUDA graph, the same function eager (cuda_graphs=False), and the
+    stepwise rule (one launch_top per round, each replayed from its decode graph)."""
+    graphed = load("bundled-draft", runner="torch", device="cuda", dtype="bfloat16")
+    eager = load("bundled-draft", runner="torch", device="cuda", dtype="bfloat16", cuda_graphs=False)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, graphed.config.vocab_size, n).tolist() for n in (30, 21, 44)]
+    tables = [[3, 1, 6, 9], [0, 2, 7, 10], [4, 5, 8, 11]]
+    out = {}
+    for name, model, launch in (("graph", graphed, None), ("eager", eager, None),
+                                ("stepwise", graphed, launch_rounds_stepwise)):
+        runner, kv = model.runner, model.runner.new_kv_cache(16, 16)
+        runner.forward(make_batch([(p, 0, t, False) for p, t in zip(prompts, tables)], 16), kv)
+        ids = []
+        for step in range(3):  # three proposals, the context growing by 2 tokens a step
+            starts = [len(p) + 4 * step for p in prompts]
+            first = make_batch([(rng_tokens, s, t, True) for rng_tokens, s, t in
+                                zip(([7, 8], [9, 10], [11, 12]), starts, tables)], 16)
+            positions = np.array([[s + 2 + r for s in starts] for r in range(3)])
+            slots = np.array([[t[p // 16] * 16 + p % 16 for p, t in zip(row, tables)] for row in positions])
+            rounds = Rounds(positions, slots)
+            future = (launch(runner, first, kv, rounds) if launch else runner.launch_rounds(first, kv, rounds))
+            ids.append(future.result())
+        out[name] = (np.stack(ids), kv.k.float().cpu().numpy()[:, :12], kv.v.float().cpu().numpy()[:, :12])
+        if name == "graph":
+            results["rounds_check_captured"] = sorted(str(key) for key in (kv.round_graphs or {}))
+    ref_ids, ref_k, ref_v = out["graph"]
+    results["rounds_graph_vs"] = {
+        name: {"same_ids": bool((ids == ref_ids).all()), "k_identical": bool((k == ref_k).all()),
+               "v_identical": bool((v == ref_v).all()), "k_max_abs_diff": float(np.abs(k - ref_k).max())}
+        for name, (ids, k, v) in out.items() if name != "graph"}
+    log(f"  rounds graph vs: {results['rounds_graph_vs']}, captured {results['rounds_check_captured']}")
+
+
+def check_capture_gc(results: dict) -> None:
+    """Graphs captured while the graphs of dropped caches wait in reference cycles and the
+    collector runs at nearly every allocation: a collection inside a capture would destroy one
+    and fail the capture (torch_graphs.collection_paused keeps it out)."""
+    model = load("bundled-draft", runner="torch", device="cuda", dtype="bfloat16")
+    ids = np.random.default_rng(9).integers(0, model.config.vocab_size, 5).tolist()
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        for _ in range(4):
+            kv = model.runner.new_kv_cache(8, 16)
+            model.runner.forward(make_batch([(ids, 0, [0, 1], True)], 16), kv)  # 5 rows: a graph
+            del kv  # its graphs now wait in a cycle
+        results["capture_gc"] = "ok"
+    finally:
+        gc.set_threshold(*threshold)
+    log(f"  captures beside dropped graphs, collector at every allocation: {results['capture_gc']}")
+
+
 def first_differences(plain: list[list[int]], spec: list[list[int]]) -> dict:
     """Token for token: how many outputs are identical, and where each first differs."""
     first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(plain, spec)]
@@ -144,14 +205,16 @@ def exactness(results: dict) -> None:
     draft = load("bundled-draft", runner="torch", device="cuda", dtype="bfloat16")
     for invariant in (True, False):
         target = load("bundled", runner="torch", device="cuda", dtype="bfloat16", batch_invariant=invariant)
-        prompts = bench.speculative_prompts(target, "continue")
+        prompts = bench.speculative_prompts(target, "continue")[:ARGS.prompts or None]
         plain = [c.token_ids for c in Engine(target, max_num_seqs=1).generate(prompts, params)]
-        for k in (2, 4, 8) if invariant else (4,):
+        for k in (2, 4, 8) if invariant and not ARGS.quick_exactness else (4,):
             engine = Engine(target, max_num_seqs=1, drafter=DraftModelDrafter(draft), num_draft=k)
             spec = [engine.generate([p], params)[0].token_ids for p in prompts]
             key = f"bundled k={k} batch_invariant={invariant}"
             out[key] = first_differences(plain, spec)
             log(f"  bf16 spec vs plain, {key}: {out[key]}")
+        if ARGS.quick_exactness:
+            continue
         # every prompt at once (decode steps of several sequences, verification of 4 x 5 rows),
         # plain and speculative, against the plain tokens of each prompt alone
         together = Engine(target, max_num_seqs=len(prompts))
@@ -163,6 +226,8 @@ def exactness(results: dict) -> None:
         SAVE[0]()
     del draft, target
     gc.collect()
+    if ARGS.quick_exactness:
+        return
     small, _ = bs.shape_models(ARGS.draft, ARGS.device, ARGS.dtype)
     big, _ = bs.shape_models(ARGS.target, ARGS.device, ARGS.dtype, batch_invariant=True)
     prompts = bench.speculative_prompts(big, "continue", ARGS.prompts or 4)
@@ -179,7 +244,9 @@ def exactness(results: dict) -> None:
 
 
 def checks(results: dict) -> None:
-    for part in (check_kernel, check_graphs):
+    for part in (check_kernel, check_graphs, check_rounds, check_capture_gc):
+        if part.__name__.removeprefix("check_") not in ARGS.checks:
+            continue
         try:
             part(results)
         except Exception:
@@ -212,6 +279,19 @@ class Compiles:
         self.seen["dynamo_frames"] = torch._dynamo.utils.counters["frames"]["ok"] - self.frames
 
 
+@contextlib.contextmanager
+def rounds_stepwise(model, on: bool = True):
+    """With ``on``, the model's runner launches greedy draft rounds one by one (the stepwise rule,
+    launch_top per round fed on the device: how the rounds ran before they were one graph)."""
+    if on:
+        model.runner.launch_rounds = functools.partial(launch_rounds_stepwise, model.runner)
+    try:
+        yield
+    finally:
+        if on:
+            del model.runner.launch_rounds
+
+
 def bundled(results: dict) -> None:
     """The bundled pair, plain and k = 2, 4; each run's compiles recorded, and the whole
     section a second time in the same process (every shape met once)."""
@@ -227,17 +307,19 @@ def bundled(results: dict) -> None:
         results[f"{key}_plain_compiles"] = compiled
         log(f"  {key} plain {results[f'{key}_plain_step_ms']:.3f} ms a token, compiled {compiled}")
         for k in (2, 4):
-            with Compiles() as compiled:
-                r = bench.bench_speculative(target, DraftModelDrafter(draft), prompts, ARGS.tokens, k,
-                                            plain=plain)
-            results[key].append({**dataclasses.asdict(r), "speedup": r.speedup, "compiles": compiled})
-            log(f"  {key} k={k}: {results[key][-1]}")
-            SAVE[0]()
+            for stepwise in (False, True) if key == "bundled_again" else (False,):
+                with Compiles() as compiled, rounds_stepwise(draft, stepwise):
+                    r = bench.bench_speculative(target, DraftModelDrafter(draft), prompts, ARGS.tokens, k,
+                                                plain=plain)
+                results[key].append({**dataclasses.asdict(r), "speedup": r.speedup, "compiles": compiled,
+                                     "draft_rounds": "stepwise" if stepwise else "one launch"})
+                log(f"  {key} k={k}{' stepwise' if stepwise else ''}: {results[key][-1]}")
+                SAVE[0]()
 
 
 def draft_variants() -> list[tuple[str, str | None, bool]]:
     """(label, quantize, quantize_head) of each draft shape to run: bf16, then --draft-quantize's."""
-    variants = [("bf16", None, False)]
+    variants = [] if ARGS.no_bf16_draft and ARGS.draft_quantize else [("bf16", None, False)]
     if ARGS.draft_quantize:
         label = ARGS.draft_quantize + ("+head" if ARGS.draft_quantize_head else "")
         variants.append((label, ARGS.draft_quantize, ARGS.draft_quantize_head))
@@ -260,15 +342,17 @@ def oracle(results: dict) -> None:
             f"{results[f'draft_shape_plain_step_ms{suffix}']:.2f} ms")
         rows = []
         results[f"oracle{suffix}"] = rows
-        for k in (4, 2, 8):
-            for alpha in (0.8, 0.6, 0.9):
-                r = bench.bench_speculative(big, OracleDrafter(small, alpha, seed=1), prompts, tokens, k,
-                                            plain=plain)
+        for k in ARGS.ks:
+            for alpha, stepwise in [(a, False) for a in ARGS.alphas] + [(ARGS.alphas[0], True)] * ARGS.stepwise_too:
+                with rounds_stepwise(small, stepwise):
+                    r = bench.bench_speculative(big, OracleDrafter(small, alpha, seed=1), prompts, tokens, k,
+                                                plain=plain)
                 rows.append({**dataclasses.asdict(r), "speedup": r.speedup, "draft": label,
-                             "vs_closed_form": r.speedup / r.closed_form_speedup})
+                             "vs_closed_form": r.speedup / r.closed_form_speedup,
+                             "draft_rounds": "stepwise" if stepwise else "one launch"})
                 SAVE[0]()
                 gc.collect()
-                log(f"  oracle {label} a={alpha} k={k}: {r.speedup:.2f}x (closed form "
+                log(f"  oracle {label} a={alpha} k={k}{' stepwise' if stepwise else ''}: {r.speedup:.2f}x (closed form "
                     f"{r.closed_form_speedup:.2f}x), identical {r.identical}, "
                     f"acceptance {r.token_acceptance:.3f}, draft {r.draft_step_ms:.2f} ms, verify "
                     f"{r.verify_ms:.2f} ms, rest {r.other_ms:.2f} ms, plain {r.plain_step_ms:.2f} ms")
@@ -325,10 +409,11 @@ def cuda_event() -> torch.cuda.Event:
 
 def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int]],
                   params: SamplingParams) -> dict:
-    """Per propose call with k = 4 rounds (one speculative step's draft): its wall time on the
-    host; on the device, from its start to the first round's start (the host preparing the
-    catch-up), the span of the four rounds, and from the last round's end to the call's end;
-    each round's host time to launch and device time (an event before its launch to one after)."""
+    """Per propose call with k = 4 (one speculative step's draft, its rounds one launch_rounds):
+    its wall time on the host; the host's time to launch the rounds; on the device, from the
+    call's start to the rounds' start (the host staging them), the rounds' span, and from their
+    end to the call's end. Then the draft's graphs replayed alone: one 1-row step, and the
+    catch-up (1 and 2 rows) plus 3 rounds."""
     from tinyinfer.engine import DraftRun
 
     drafter = OracleDrafter(small, 0.8, seed=1)
@@ -337,12 +422,12 @@ def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int
     engine.generate([prompts[0]], params)  # warm-up: compile, capture
     engine.spec_stats = SpeculativeStats()
     calls: list[dict] = []
-    launch, propose = small.runner.launch_top, DraftRun.propose
+    launch, propose = small.runner.launch_rounds, DraftRun.propose
 
-    def timed_launch(*args, **kwargs):
+    def timed_launch(batch, *args, **kwargs):
         before, t0 = cuda_event(), time.perf_counter()
-        future = launch(*args, **kwargs)
-        calls[-1]["rounds"].append((time.perf_counter() - t0, before, cuda_event()))
+        future = launch(batch, *args, **kwargs)
+        calls[-1]["rounds"].append((time.perf_counter() - t0, before, cuda_event(), batch.num_tokens))
         return future
 
     def timed_propose(self, *args, **kwargs):
@@ -352,39 +437,40 @@ def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int
         calls[-1]["wall"], calls[-1]["end"] = time.perf_counter() - t0, cuda_event()
         return drafts
 
-    small.runner.launch_top = timed_launch
+    small.runner.launch_rounds = timed_launch
     DraftRun.propose = timed_propose
     try:
         for p in prompts:
             engine.generate([p], params)
     finally:
         DraftRun.propose = propose
-        del small.runner.launch_top
+        del small.runner.launch_rounds
     torch.cuda.synchronize()
     rows = []
     for call in calls:
-        rounds = call["rounds"]
-        if len(rounds) != 4:
-            continue
-        rows.append({"wall_ms": 1e3 * call["wall"],
+        if len(call["rounds"]) != 1 or call["rounds"][0][3] > 2:
+            continue  # a prompt's catch-up, or no draft
+        host, before, after, catch_up = call["rounds"][0]
+        rows.append({"wall_ms": 1e3 * call["wall"], "catch_up_rows": catch_up,
                      "device_begin_to_end_ms": call["begin"].elapsed_time(call["end"]),
-                     "before_first_round_ms": call["begin"].elapsed_time(rounds[0][1]),
-                     "span_ms": rounds[0][1].elapsed_time(rounds[-1][2]),
-                     "after_last_round_ms": rounds[-1][2].elapsed_time(call["end"]),
-                     "launch_host_ms": [1e3 * h for h, _, _ in rounds],
-                     "round_device_ms": [b.elapsed_time(e) for _, b, e in rounds]})
+                     "before_rounds_ms": call["begin"].elapsed_time(before),
+                     "rounds_span_ms": before.elapsed_time(after),
+                     "after_rounds_ms": after.elapsed_time(call["end"]),
+                     "launch_host_ms": 1e3 * host})
     kv = engine.draft_run.kv_cache
-    graphs = kv.graphs or {}
     stats = engine.spec_stats
+    medians = {key: float(np.median([r[key] for r in rows])) if rows else None
+               for key in ("wall_ms", "device_begin_to_end_ms", "before_rounds_ms", "rounds_span_ms",
+                           "after_rounds_ms", "launch_host_ms")}
+    by_rows = {f"rounds_span_ms_{n}row": float(np.median([r["rounds_span_ms"] for r in rows
+                                                          if r["catch_up_rows"] == n]))
+               for n in (1, 2) if any(r["catch_up_rows"] == n for r in rows)}
+    graphs, round_graphs = kv.graphs or {}, kv.round_graphs or {}
     return {
-        "steps": len(rows),
-        **{key: float(np.median([r[key] for r in rows]))
-           for key in ("wall_ms", "device_begin_to_end_ms", "before_first_round_ms", "span_ms",
-                       "after_last_round_ms")},
-        **{key: [float(np.median([r[key][i] for r in rows])) for i in range(4)]
-           for key in ("launch_host_ms", "round_device_ms")},
+        "steps": len(rows), **medians, **by_rows,
         "replay_1row_ms": replay_ms(graphs[1]) if 1 in graphs else None,
-        "replay_2row_ms": replay_ms(graphs[2]) if 2 in graphs else None,
+        **{f"replay_rounds_{q}row_catch_up_ms": replay_ms(round_graphs[q, 3])
+           for q in (1, 2) if (q, 3) in round_graphs},
         "draft_token_ms": 1e3 * stats.draft_seconds / max(stats.drafted, 1),
         "verify_ms": 1e3 * stats.verify_seconds / max(stats.verify_steps, 1),
         "token_acceptance": stats.token_acceptance,
@@ -405,7 +491,19 @@ def main() -> int:
                         help="oracle, profile: also run the draft shape in this format (random codes)")
     parser.add_argument("--draft-quantize-head", action="store_true",
                         help="with --draft-quantize: the draft shape's embedding and LM head too")
+    parser.add_argument("--no-bf16-draft", action="store_true",
+                        help="with --draft-quantize: oracle and profile run the quantized draft alone")
+    parser.add_argument("--ks", default="4,2,8", help="oracle: the draft lengths k, in order")
+    parser.add_argument("--alphas", default="0.8,0.6,0.9", help="oracle: the acceptances, in order")
+    parser.add_argument("--checks", default="kernel,graphs,rounds,capture_gc",
+                        help="checks: which of kernel, graphs, rounds, capture_gc to run")
+    parser.add_argument("--stepwise-too", action="store_true",
+                        help="oracle: each k's first alpha again with the draft rounds launched one by one")
+    parser.add_argument("--quick-exactness", action="store_true",
+                        help="exactness: the bundled pair alone, k = 4, each of --prompts prompts alone")
     args = parser.parse_args(namespace=ARGS)
+    args.ks = [int(k) for k in args.ks.split(",")]
+    args.alphas = [float(a) for a in args.alphas.split(",")]
     out = Path(args.out) / "gpu_spec_bench.json"
     card = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     results: dict = {"device": card, "torch": torch.__version__,

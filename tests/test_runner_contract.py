@@ -12,7 +12,7 @@ import pytest
 
 import tinyinfer
 from tinyinfer.runners.numpy_ref import NumpyRunner
-from tinyinfer.runners.runner import Feed, ModelRunner, RunnerInfo, make_batch
+from tinyinfer.runners.runner import Feed, ModelRunner, Rounds, RunnerInfo, launch_rounds_stepwise, make_batch
 from tinyinfer.runners.torch_fast import TorchRunner
 from tinyinfer.runners.tp.runner import TensorParallelRunner
 from tinyinfer.runners.tp.shard import ShardRunner
@@ -31,8 +31,8 @@ def protocol_members() -> set[str]:
 
 def test_the_protocol_declares_what_the_engine_uses():
     assert protocol_members() == {"config", "name", "capture_attention", "last_attention", "last_timings",
-                                  "info", "new_kv_cache", "forward", "forward_top", "launch_top", "copy_page",
-                                  "close"}
+                                  "info", "new_kv_cache", "forward", "forward_top", "launch_top", "launch_rounds",
+                                  "copy_page", "close"}
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +107,93 @@ def test_launch_top_feeds_an_earlier_launch_argmax_on_every_runner(runners):
         by_hand, fed_top = results
         assert (fed_top.ids == by_hand.ids).all(), name
         np.testing.assert_allclose(fed_top.values, by_hand.values, rtol=1e-6, err_msg=name)
+
+
+PROMPTS = ([3, 9, 27, 17], [5, 25, 61])
+PAGES = ([0, 2, 4], [1, 3, 5])
+
+
+def slot(pages: list[int], position: int, page_size: int = 4) -> int:
+    return pages[position // page_size] * page_size + position % page_size
+
+
+def rounds_by_hand(runner, kv, first, guesses: tuple[int, int]) -> np.ndarray:
+    """The rule of launch_rounds, each step's argmax read on the host and fed back by hand:
+    the first batch, then `guesses[b] - 1` one-token rounds for sequence b. -> ids [2, 4]."""
+    top = runner.forward_top(first, kv, 1).ids[:, 0]
+    last = np.searchsorted(first.logits_rows, first.query_starts[1:]) - 1
+    ids = np.full((2, 4), -1)
+    ids[:, 0] = top[last]
+    for r in range(1, 4):
+        live = [b for b in range(2) if guesses[b] > r]
+        step = make_batch([([int(ids[b, r - 1])], int(first.context_lens[b]) + r - 1, PAGES[b], False)
+                           for b in live], 4)
+        ids[live, r] = runner.forward_top(step, kv, 1).ids[:, 0]
+    return ids
+
+
+def rounds_of(first, guesses: tuple[int, int]) -> Rounds:
+    """Where each round's token goes: one position further a round; -1 once a sequence is done."""
+    positions = np.full((3, 2), -1)
+    slots = positions.copy()
+    for b in range(2):
+        for r in range(guesses[b] - 1):
+            positions[r, b] = int(first.context_lens[b]) + r
+            slots[r, b] = slot(PAGES[b], positions[r, b])
+    return Rounds(positions, slots)
+
+
+@pytest.mark.parametrize("catch_up", ["prompt", "one token", "two tokens"])
+def test_launch_rounds_follows_the_rule_on_every_runner(runners, catch_up):
+    """A catch-up step, then greedy rounds each fed its argmax of the round before (the second
+    sequence stops after two guesses): every runner chooses the tokens the rule does, step by
+    step with the host in the loop, and leaves the same K/V (the next step reads the same
+    logits). The torch runner runs one-token and two-token catch-ups and their rounds as one
+    function (on CUDA one graph), the rest round by round."""
+    _, by_name = runners
+    guesses = (4, 2)
+    for name, runner in by_name.items():
+        results = []
+        for how in ("rounds", "by hand"):
+            kv = runner.new_kv_cache(8, 4)
+            if catch_up == "prompt":
+                first = make_batch([(list(p), 0, pages, False) for p, pages in zip(PROMPTS, PAGES)], 4)
+            else:
+                runner.forward(make_batch([(list(p), 0, pages, False) for p, pages in zip(PROMPTS, PAGES)], 4), kv)
+                extra = [[7], [11]] if catch_up == "one token" else [[7, 40], [11, 2]]
+                first = make_batch([(tokens, len(p), pages, True)
+                                    for tokens, p, pages in zip(extra, PROMPTS, PAGES)], 4)
+            if how == "rounds":
+                ids = runner.launch_rounds(first, kv, rounds_of(first, guesses)).result()
+            else:
+                ids = rounds_by_hand(runner, kv, first, guesses)
+            after = make_batch([([1], int(first.context_lens[b]) + guesses[b] - 1, PAGES[b], False)
+                                for b in range(2)], 4)
+            results.append((ids, runner.forward(after, kv)))
+        (ids, logits), (expected, expected_logits) = results
+        assert ids.shape == (2, 4) and ids.dtype == np.int64, name
+        assert (ids == expected).all(), (name, ids, expected)
+        assert (ids[1, 2:] == -1).all(), name
+        np.testing.assert_allclose(logits, expected_logits, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_the_torch_runners_rounds_function_equals_the_stepwise_rule(runners):
+    """The torch runner's one-function rounds (what a CUDA graph captures, run eagerly here) and
+    the stepwise rule through its own launch_top: the same argmaxes, bit for bit the same K/V,
+    every sequence guessing alike. (A sequence that sits rounds out still computes a row in
+    them, so the others' rows run in a batch of another shape than the rule's, which may move
+    their K/V in the last bits: the test above compares those within tolerance.)"""
+    _, by_name = runners
+    runner = by_name["torch"]
+    out = []
+    for launch in (runner.launch_rounds, lambda *a: launch_rounds_stepwise(runner, *a)):
+        kv = runner.new_kv_cache(8, 4)
+        runner.forward(make_batch([(list(p), 0, pages, False) for p, pages in zip(PROMPTS, PAGES)], 4), kv)
+        first = make_batch([([7, 40], 4, PAGES[0], True), ([11, 2], 3, PAGES[1], True)], 4)
+        out.append((launch(first, kv, rounds_of(first, (4, 4))).result(), kv.k[:, :6].clone(), kv.v[:, :6].clone()))
+    (ids, k, v), (expected, k_rule, v_rule) = out
+    assert (ids == expected).all()
+    assert k.equal(k_rule) and v.equal(v_rule)
 
 
 def test_launch_top_of_one_is_the_argmax_of_the_top_k_on_every_runner(runners):

@@ -115,6 +115,64 @@ def test_greedy_draft_rounds_propose_the_draft_models_own_greedy_continuation(pa
     assert seen > 4 and any(len(set(ks)) > 1 for ks in lengths), "some steps drafted unequal lengths"
 
 
+def test_greedy_draft_rounds_run_as_one_launch_a_step_and_as_the_stepwise_rule_does():
+    """On the torch runner a step's greedy draft rounds after the first step's (the prompt's
+    catch-up, round by round) are one launch_rounds call that runs as one function (on CUDA,
+    one CUDA graph) and calls launch_top no more: and every step drafts, keeps and emits what
+    the stepwise rule (one launch_top per round) does, each prompt alone and all at once."""
+    import functools
+
+    from tinyinfer.runners.runner import launch_rounds_stepwise
+
+    target, draft = (tinyinfer.load(oracle, runner="torch") for oracle in ("bundled", "bundled-draft"))
+    from tinyinfer.bench import workloads as bench
+
+    prompts = bench.speculative_prompts(target, "continue", count=3)
+    params = tinyinfer.SamplingParams(temperature=0, max_tokens=24)
+    plain = [c.token_ids for c in tinyinfer.Engine(target).generate(prompts, params)]
+
+    def run(stepwise: bool, together: bool) -> tuple[list, list, dict]:
+        calls = {"launch_top": 0, "launch_rounds": 0}
+        runner = draft.runner
+        rounds = functools.partial(launch_rounds_stepwise, runner) if stepwise else runner.launch_rounds
+        launch_top = runner.launch_top
+
+        def counted_top(*args):
+            calls["launch_top"] += 1
+            return launch_top(*args)
+
+        def counted_rounds(*args):
+            calls["launch_rounds"] += 1
+            return rounds(*args)
+
+        runner.launch_top, runner.launch_rounds = counted_top, counted_rounds
+        try:
+            engine = tinyinfer.Engine(target, drafter=DraftModelDrafter(draft), num_draft=4)
+            steps, out = [], []
+            for group in [prompts] if together else [[p] for p in prompts]:
+                ids = [engine.add_request(p, params) for p in group]
+                while engine.has_unfinished():
+                    trace = engine.step()
+                    steps.append([(s.seq_id, s.draft_tokens, s.accepted, s.emitted) for s in trace.seqs])
+                out += [engine.release(i).token_ids for i in ids]
+        finally:
+            del runner.launch_top, runner.launch_rounds
+        return out, steps, calls
+
+    for together in (False, True):
+        one, one_steps, one_calls = run(stepwise=False, together=together)
+        rule, rule_steps, rule_calls = run(stepwise=True, together=together)
+        assert one == rule == plain
+        assert one_steps == rule_steps
+        assert one_calls["launch_rounds"] == rule_calls["launch_rounds"] == sum(
+            any(s[1] for s in step) for step in one_steps)
+        assert rule_calls["launch_top"] > one_calls["launch_top"]
+        if not together:  # alone, only the first step's catch-up (the prompt) goes round by
+            # round, and a step of one guess (no rounds: near max_tokens) is one launch_top
+            single = sum(len(s[1]) == 1 for step in one_steps for s in step)
+            assert one_calls["launch_top"] == 4 * len(prompts) + single
+
+
 def test_rejections_leak_no_pages(pair):
     target, draft = pair
     engine = tinyinfer.Engine(target, drafter=DraftModelDrafter(draft), num_draft=5, page_size=4,

@@ -467,3 +467,63 @@ def test_gather_decode_attention_takes_a_bf16_cache():
                                                cos, sin, 4)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_no_garbage_collection_while_a_graph_captures():
+    """A CUDA graph's capture runs with the collector paused (a collection could destroy an old
+    graph mid-capture, which CUDA refuses): paused inside, as it was after, an error included.
+    (The capture itself needs CUDA: scripts/gpu_spec_bench.py's checks capture graphs.)"""
+    import gc
+
+    from tinyinfer.runners.torch_graphs import collection_paused
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collection_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("a failed capture")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collection_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # left as it was found
+    finally:
+        gc.enable()
+
+
+def test_a_rounds_graph_reads_the_step_and_rounds_it_staged(oracle_model):
+    """A CUDA graph of greedy rounds reads its inputs from one staged buffer (capturing it needs
+    CUDA): here the staging runs on the CPU and the function the graph captures runs eagerly on
+    the staged views, padded to 4 sequences and to one more round than asked, one sequence
+    sitting the last round out: the argmaxes launch_rounds gives without a graph."""
+    from tinyinfer.runners.runner import Rounds
+    from tinyinfer.runners.torch_fast import _sat_out_after
+
+    folder, _ = oracle_model("llama-gqa-untied")
+    runner = tinyinfer.load(folder, runner="torch", device="cpu").runner
+    prompts, pages = ([3, 9, 27, 17], [5, 25, 61], [8, 1, 30, 2, 44]), ([0, 3, 6], [1, 4, 7], [2, 5, 8])
+    first = make_batch([(tokens, len(p), table, True) for tokens, p, table in
+                        zip(([7, 40], [11, 2], [6, 19]), prompts, pages)], 4)
+    positions = np.array([[len(p) + 2 for p in prompts], [len(prompts[0]) + 3, -1, len(prompts[2]) + 3]])
+    slots = np.array([[-1 if pos < 0 else table[pos // 4] * 4 + pos % 4 for pos, table in zip(row, pages)]
+                      for row in positions])
+    rounds = Rounds(positions, slots)
+    out = []
+    for staged in (False, True):
+        kv = runner.new_kv_cache(10, 4)
+        runner.forward(make_batch([(list(p), 0, table, False) for p, table in zip(prompts, pages)], 4), kv)
+        if not staged:
+            out.append(runner.launch_rounds(first, kv, rounds).result())
+            continue
+        graphs = runner._round_graphs(2, 3, kv)  # a graph of 3 rounds serves 2
+        size = graphs.padded_size(first.num_seqs)
+        used = graphs._stage(first, size, graphs.hosts[0], _sat_out_after(rounds, graphs.rounds))
+        graphs.inputs[:used].copy_(graphs.hosts[0][:used])
+        with torch.no_grad():
+            ids = graphs.step(*graphs._views(graphs.inputs, size))  # [4, 4]
+        assert size == 4 and ids.shape == (4, 4)
+        ids = ids[:3, :3].numpy().copy()
+        ids[1, 2] = -1  # the round the second sequence sat out
+        out.append(ids)
+    assert (out[0] == out[1]).all(), out
+    assert out[0][1, 2] == -1 and (out[0][[0, 2]] >= 0).all()

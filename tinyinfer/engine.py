@@ -30,7 +30,7 @@ from tinyinfer.errors import (
 )
 from tinyinfer.kv import PagePool
 from tinyinfer.model import Model, check_token_ids
-from tinyinfer.runners.runner import Batch, Feed, TopFuture, TopLogits, make_batch
+from tinyinfer.runners.runner import Batch, Feed, Rounds, TopFuture, TopLogits, make_batch
 from tinyinfer.sampling import (
     MAX_LOGPROBS,
     SamplingParams,
@@ -715,7 +715,9 @@ class DraftRun:
 
     Each round runs the draft model once over every sequence still guessing (its new tokens
     since the last round: at first the whole context, then one guess), and the drafter's rule
-    turns each row of logits into the next guess.
+    turns each row of logits into the next guess. Plainly greedy rounds go to the runner at
+    once (``launch_rounds``: every round's positions and slots are known ahead, only its tokens
+    come from the round before), so that on a GPU a step's k rounds are one CUDA graph replay.
     """
 
     def __init__(self, drafter: DraftModelDrafter, num_pages: int, page_size: int):
@@ -766,31 +768,32 @@ class DraftRun:
 
     def _propose_greedy(self, seqs: list[Sequence], ks: list[int], active: list[int],
                         rounds: int) -> dict[int, list[int]]:
-        """The greedy rounds, launched back to back: after the first (the catch-up), a round's
-        input is each sequence's argmax of the round before, fed on the device (as asynchronous
-        scheduling feeds plain decoding), so the host prepares round r + 1 while round r runs
-        and waits once, for all the argmaxes, at the end; no logits row reaches the host.
+        """The greedy rounds in one launch (``launch_rounds``): the catch-up, then rounds - 1
+        rounds whose input is each sequence's argmax of the round before, fed on the device (a
+        CUDA graph replays them all at once on the torch runner), so the host stages every
+        round's positions and slots ahead (one more a round), waits once for all the argmaxes,
+        and no logits row reaches the host.
 
         The draft model is fed its own argmax; ``guess_greedy`` then turns each into the guess
         proposed (the argmax itself, unless a drafter overrides it: the benchmark's oracle)."""
-        launched: list[tuple[TopFuture, dict[int, int]]] = []  # each round, and each sequence's row
-        for r in range(rounds):
-            live = [i for i in active if ks[i] > r]
-            if r == 0:
-                batch, rows = self._catch_up(seqs, live, {i: [] for i in live}, rounds)
-                feed = None
-            else:
-                batch = make_batch([([0], self._advance(seqs[i]), self.pool.pages(seqs[i].seq_id), False)
-                                    for i in live], self.pool.page_size)
-                before = launched[-1]
-                feed = Feed(before[0], np.array([before[1][i] for i in live], dtype=np.int64))
-                rows = {i: n for n, i in enumerate(live)}
-            launched.append((self.runner.launch_top(batch, self.kv_cache, 1, feed), rows))
+        if not active:
+            return {}
+        batch, _ = self._catch_up(seqs, active, {i: [] for i in active}, rounds)
+        page_size = self.pool.page_size
+        positions = np.full((rounds - 1, len(active)), -1, dtype=np.int64)  # [n, B]; -1: sits out
+        slots = positions.copy()
+        for row, i in enumerate(active):
+            pages = self.pool.pages(seqs[i].seq_id)
+            for r in range(ks[i] - 1):
+                position = self._advance(seqs[i])
+                positions[r, row] = position
+                slots[r, row] = pages[position // page_size] * page_size + position % page_size
+        ids = self.runner.launch_rounds(batch, self.kv_cache, Rounds(positions, slots)).result()
         tokens: dict[int, list[int]] = {i: [] for i in active}
-        for future, rows in launched:
-            top_ids = future.result().ids[:, 0]
-            for i, row in rows.items():
-                tokens[i].append(self.drafter.guess_greedy(seqs[i], tokens[i], int(top_ids[row])))
+        for r in range(rounds):  # round by round, as the guesses were chosen (the oracle draws so)
+            for row, i in enumerate(active):
+                if ks[i] > r:
+                    tokens[i].append(self.drafter.guess_greedy(seqs[i], tokens[i], int(ids[row, r])))
         return tokens
 
     def _advance(self, seq: Sequence) -> int:

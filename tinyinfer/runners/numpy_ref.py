@@ -26,11 +26,14 @@ from tinyinfer.runners.runner import (
     Batch,
     Feed,
     RankTiming,
+    Rounds,
     RunnerInfo,
+    TokensFuture,
     TopFuture,
     TopLogits,
     check_kv_cache_dtype,
     fed_batch,
+    launch_rounds_stepwise,
     top_logits,
 )
 
@@ -309,6 +312,10 @@ class NumpyRunner:
                    feed: Feed | None = None) -> TopFuture:
         """forward_top, computed now (nothing here runs behind the host's back)."""
         return TopFuture.done(self.forward_top(fed_batch(batch, feed), kv_cache, k))
+
+    def launch_rounds(self, batch: Batch, kv_cache: NumpyKVCache, rounds: Rounds) -> TokensFuture:
+        """Greedy rounds as the rule has them: one step after another (each computed at once)."""
+        return launch_rounds_stepwise(self, batch, kv_cache, rounds)
 
     def norm(self, name: str, x: np.ndarray) -> np.ndarray:
         if self.config.family == "gpt2":

@@ -148,6 +148,71 @@ class Feed:
         return np.asarray(self.source.result().ids[self.rows, 0], dtype=np.int64)
 
 
+@dataclass(frozen=True)
+class Rounds:
+    """Greedy rounds after a launch (``launch_rounds``): in round r each sequence b decodes one
+    token, its own argmax of the step before (for r = 0, of its last logits row of the launch),
+    at position ``positions[r, b]``, its K/V written to ``slots[r, b]``. -1 in both: b sits the
+    round out (it has guessed all it may), and every later one."""
+
+    positions: np.ndarray  # [n, B] int64
+    slots: np.ndarray  # [n, B] int64
+
+    @property
+    def num_rounds(self) -> int:
+        return int(self.positions.shape[0])
+
+
+class TokensFuture:
+    """Launched greedy rounds (``launch_rounds``): ``result()`` waits for their argmaxes."""
+
+    def __init__(self, wait: Callable[[], np.ndarray]):
+        self._wait = wait
+        self._result: np.ndarray | None = None
+
+    def result(self) -> np.ndarray:
+        """Each sequence's argmax of the launch and of every round [B, n + 1] int64 (-1 in a
+        round the sequence sat out)."""
+        if self._result is None:
+            self._result = self._wait()
+        return self._result
+
+
+def last_logits_rows(batch: Batch) -> np.ndarray:
+    """Each sequence's last row among the batch's logits rows [B] (an index into the logits)."""
+    return np.searchsorted(batch.logits_rows, batch.query_starts[1:]) - 1
+
+
+def launch_rounds_stepwise(runner: ModelRunner, batch: Batch, kv_cache: Any, rounds: Rounds) -> TokensFuture:
+    """``launch_rounds`` as one ``launch_top`` per round, each fed its argmaxes from the round
+    before (a Feed): the rule every runner follows, and the way of any runner (or batch) without
+    a faster one. Nothing is waited for until ``result()``."""
+    num_seqs = batch.num_seqs
+    launched = [(runner.launch_top(batch, kv_cache, 1), last_logits_rows(batch))]  # (future, row of each seq)
+    for r in range(rounds.num_rounds):
+        live = np.flatnonzero(rounds.slots[r] >= 0)
+        if not len(live):
+            break
+        positions = rounds.positions[r, live]
+        step = Batch(token_ids=np.zeros(len(live), dtype=np.int64), positions=positions,
+                     query_starts=np.arange(len(live) + 1, dtype=np.int64), context_lens=positions + 1,
+                     page_tables=tuple(batch.page_tables[b] for b in live),
+                     slot_mapping=rounds.slots[r, live], logits_rows=np.arange(len(live), dtype=np.int64))
+        source, source_rows = launched[-1]
+        rows = np.full(num_seqs, -1, dtype=np.int64)
+        rows[live] = np.arange(len(live))
+        launched.append((runner.launch_top(step, kv_cache, 1, Feed(source, source_rows[live])), rows))
+
+    def wait() -> np.ndarray:
+        ids = np.full((num_seqs, rounds.num_rounds + 1), -1, dtype=np.int64)
+        for r, (future, rows) in enumerate(launched):
+            top, live = future.result().ids[:, 0], rows >= 0
+            ids[live, r] = top[rows[live]]
+        return ids
+
+    return TokensFuture(wait)
+
+
 def fed_batch(batch: Batch, feed: Feed | None) -> Batch:
     """The batch with its token ids taken from ``feed`` (read on the host), if there is one."""
     return batch if feed is None else dataclasses.replace(batch, token_ids=feed.host_tokens())
@@ -256,6 +321,12 @@ class ModelRunner(Protocol):
         step is queued, its top k on their way to the host (asynchronous scheduling); elsewhere
         compute it now. With ``feed``, the batch's token ids are placeholders: each token is an
         earlier launch's argmax, taken where that launch left it (on the device: no round trip)."""
+
+    def launch_rounds(self, batch: Batch, kv_cache: Any, rounds: Rounds) -> TokensFuture:
+        """Greedy drafting: ``batch``, then ``rounds`` of one token per sequence, each fed the
+        sequence's argmax of the step before where it lies (on the device: no round trip), all
+        queued before the host waits (``launch_rounds_stepwise`` is the rule; a runner may run
+        the rounds as one launch, e.g. one CUDA graph)."""
 
     def copy_page(self, kv_cache: Any, src: int, dst: int) -> None:
         """Copy one page's K/V (all layers), for sequences forked from a shared prefix."""

@@ -17,7 +17,16 @@ Same function as ``numpy_ref.NumpyRunner``, arranged for speed:
 * ``compile=True`` runs the per-layer tensor functions through ``torch.compile`` (fusing
   norms, residual adds and activations); ``cuda_graphs=True`` replays decode and verification
   steps from CUDA graphs captured per (tokens per sequence, padded batch size). Both default
-  on for CUDA, off for CPU.
+  on for CUDA, off for CPU;
+* greedy drafting (``launch_rounds``: a draft model's catch-up step, then k - 1 rounds, each fed
+  its argmax of the one before) runs as one function, ``_greedy_rounds``, whose rounds take
+  their tokens from the round before on the device, and with ``cuda_graphs`` replays it from
+  one CUDA graph per (catch-up tokens per sequence, rounds, padded batch size). A small draft
+  model's round is a few hundred short kernels: launched one round at a time, a round costs the
+  host's staging, its copy in, the argmax and its copy out, about a step of the target on a
+  tiny pair; in one graph the k rounds cost one staging and one replay, the device's time
+  alone. Without graphs (CPU) the same function runs eagerly, which is what CI compares
+  against the rule, round by round (``launch_rounds_stepwise``).
 """
 
 from __future__ import annotations
@@ -43,10 +52,13 @@ from tinyinfer.runners.runner import (
     Batch,
     Feed,
     RankTiming,
+    Rounds,
     RunnerInfo,
+    TokensFuture,
     TopFuture,
     TopLogits,
     check_kv_cache_dtype,
+    launch_rounds_stepwise,
 )
 from tinyinfer.runners.torch_graphs import DecodeGraphs
 from tinyinfer.runners.torch_layers import PrefillChunks
@@ -63,6 +75,10 @@ MAX_DECODE_TOKENS = 17
 # kernel (torch_triton_rows), one tile of 16 rows: past it the row kernel reads the weights once
 # per 16 rows and cuBLAS is faster. With batch_invariant every step runs the row kernel.
 FUSED_MAX_ROWS = 16
+# The most tokens per sequence of the step before greedy rounds that ``launch_rounds`` runs as one
+# function (and graph): a draft's catch-up of one token, or two (its last guess and the target's
+# bonus token, when every guess was kept). Longer ones (a prompt) go round by round.
+MAX_ROUNDS_CATCH_UP = 2
 QUANT_KERNELS = ("auto", "triton", "torch")
 
 
@@ -77,6 +93,8 @@ class TorchKVCache:
     k_scale: Tensor | None = None  # [L, P + 1, S, Hkv]
     v_scale: Tensor | None = None
     graphs: dict[int, DecodeGraphs] | None = field(default=None, repr=False)  # by tokens per sequence
+    # greedy rounds' graphs (launch_rounds), by (catch-up tokens per sequence, rounds)
+    round_graphs: dict[tuple[int, int], DecodeGraphs] | None = field(default=None, repr=False)
 
     def layer_scales(self, layer: int) -> dict[str, Tensor]:
         """One layer's scales as keyword arguments of the attention functions (none unless int8)."""
@@ -342,6 +360,62 @@ class TorchRunner:
         tokens = self._fed_tokens(feed) if feed is not None else None
         return top_future(self._device_logits(batch, kv_cache, tokens), k, start, self._greedy_reduce)
 
+    def launch_rounds(self, batch: Batch, kv_cache: TorchKVCache, rounds: Rounds) -> TokensFuture:
+        """Greedy rounds as one function (``_greedy_rounds``), replayed from one CUDA graph with
+        ``cuda_graphs``: one launch for the step and every round. A step of more than
+        MAX_ROUNDS_CATCH_UP tokens per sequence (or of unequal ones, or one that wants only some
+        rows' logits), no rounds, or a batch past the largest graph go round by round."""
+        q = _uniform_tokens_per_seq(batch)
+        n = rounds.num_rounds
+        if (q is None or q > MAX_ROUNDS_CATCH_UP
+                or not np.array_equal(batch.logits_rows, np.arange(batch.num_tokens))):
+            return launch_rounds_stepwise(self, batch, kv_cache, rounds)
+        with torch.no_grad():
+            if self.cuda_graphs:
+                graphs = self._round_graphs(q, n, kv_cache)
+                size = graphs.padded_size(batch.num_seqs) if graphs is not None else None
+                if graphs is None or size is None:
+                    return launch_rounds_stepwise(self, batch, kv_cache, rounds)
+                ids = graphs.run(batch, size, rounds=_sat_out_after(rounds, graphs.rounds))[:, :n + 1]
+            elif n:
+                ids = self._greedy_rounds(kv_cache, q, *self._rounds_inputs(batch, rounds, kv_cache))
+            else:
+                return launch_rounds_stepwise(self, batch, kv_cache, rounds)
+        return _tokens_future(ids, rounds.slots.T < 0)
+
+    def _rounds_inputs(self, batch: Batch, rounds: Rounds, kv: TorchKVCache) -> tuple[Tensor, ...]:
+        """A uniform step and its rounds as device tensors, the way a rounds graph stages them
+        (a round a sequence sits out decodes at position 0 into the scratch page)."""
+        def tensor(values: np.ndarray) -> Tensor:
+            return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(self.device)
+
+        step = self._step_inputs(batch, kv.page_size)
+        sits_out = rounds.slots < 0
+        return (step.token_ids, step.positions, step.slots, step.decode_tables,
+                tensor(np.where(sits_out, 0, rounds.positions)),
+                tensor(np.where(sits_out, kv.scratch_page * kv.page_size, rounds.slots)))
+
+    def _greedy_rounds(self, kv: TorchKVCache, q: int, tokens: Tensor, positions: Tensor,
+                       slots: Tensor, tables: Tensor, round_positions: Tensor,
+                       round_slots: Tensor) -> Tensor:
+        """A step of q tokens per sequence, then one round per row of ``round_positions``, each
+        sequence fed its argmax of the step before; -> the argmaxes [b, n + 1].
+
+        # tokens, positions, slots: [b q]; tables: [b, W]; round_positions, round_slots: [n, b]
+        Each step is ``_forward_step`` and each argmax ``reduce_top``'s, as launch_top has them,
+        so the rounds compute what the stepwise rule computes."""
+        def step(tokens: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
+            logits = self._forward_step(_Step(tokens, positions, slots, decode_tables=tables),
+                                        kv)  # [rows, V]
+            return reduce_top(logits, 1, self._greedy_reduce)[0]  # [rows]
+
+        argmax = step(tokens, positions, slots).view(-1, q)[:, -1]  # [b]: each sequence's last row
+        chosen = [argmax]
+        for round_position, round_slot in zip(round_positions, round_slots):
+            argmax = step(argmax, round_position, round_slot)
+            chosen.append(argmax)
+        return torch.stack(chosen, dim=1)  # [b, n + 1]
+
     def _fed_tokens(self, feed: Feed) -> Tensor:
         """A Feed's tokens [T] as a device tensor, read from the source's argmax where it lies."""
         argmax = feed.source.argmax
@@ -527,14 +601,37 @@ class TorchRunner:
         if kv.graphs is None:
             kv.graphs = {}
         if q not in kv.graphs:
-            width = min(math.ceil(self.config.max_model_len / kv.page_size), kv.num_pages)
             kv.graphs[q] = DecodeGraphs(
                 step=lambda tokens, positions, slots, tables: self._forward_step(
                     _Step(tokens, positions, slots, decode_tables=tables), kv),
-                max_batch=self.max_graph_batch, table_width=width,
+                max_batch=self.max_graph_batch, table_width=self._table_width(kv),
                 scratch_page=kv.scratch_page, page_size=kv.page_size, device=self.device,
                 tokens_per_seq=q)
         return kv.graphs[q]
+
+    def _round_graphs(self, q: int, rounds: int, kv: TorchKVCache) -> DecodeGraphs | None:
+        """The cache's graphs of a q-token step followed by ``rounds`` greedy rounds, or by the
+        fewest more that it has (the extra rounds run for nobody): a sequence's last steps, whose
+        guesses its max_tokens cuts short, replay the graph of its full ones rather than capture
+        one of each length. None for no rounds where no graph of q tokens exists yet."""
+        if kv.round_graphs is None:
+            kv.round_graphs = {}
+        more = [n for p, n in kv.round_graphs if p == q and n >= rounds]
+        if more:
+            return kv.round_graphs[q, min(more)]
+        if rounds == 0:
+            return None
+        if (q, rounds) not in kv.round_graphs:
+            kv.round_graphs[q, rounds] = DecodeGraphs(
+                step=functools.partial(self._greedy_rounds, kv, q),
+                max_batch=self.max_graph_batch, table_width=self._table_width(kv),
+                scratch_page=kv.scratch_page, page_size=kv.page_size, device=self.device,
+                tokens_per_seq=q, rounds=rounds)
+        return kv.round_graphs[q, rounds]
+
+    def _table_width(self, kv: TorchKVCache) -> int:
+        """Page-table columns a graph stages: a whole context's pages, or the pool's."""
+        return min(math.ceil(self.config.max_model_len / kv.page_size), kv.num_pages)
 
     def _announce_compile(self) -> None:
         self._announced_compile = True
@@ -548,6 +645,34 @@ def _uniform_tokens_per_seq(batch: Batch) -> int | None:
     if rest or not 1 <= q <= MAX_DECODE_TOKENS:
         return None
     return q if np.array_equal(batch.query_starts, np.arange(batch.num_seqs + 1) * q) else None
+
+
+def _sat_out_after(rounds: Rounds, num_rounds: int) -> Rounds:
+    """``rounds`` followed by rounds that every sequence sits out, up to ``num_rounds``."""
+    extra = np.full((num_rounds - rounds.num_rounds, rounds.positions.shape[1]), -1, dtype=np.int64)
+    return Rounds(np.concatenate([rounds.positions, extra]), np.concatenate([rounds.slots, extra]))
+
+
+def _tokens_future(ids: Tensor, sat_out: np.ndarray) -> TokensFuture:
+    """Argmaxes [B, n + 1] for the host, queued behind the rounds (on CUDA copied to pinned host
+    memory without waiting, an event marking when they have landed); -1 where ``sat_out``
+    [B, n] says a sequence sat a round out (it computed a row, for nobody)."""
+    def marked(host: np.ndarray) -> np.ndarray:
+        host = host.copy()
+        host[:, 1:][sat_out] = -1
+        return host
+
+    if ids.device.type != "cuda":
+        return TokensFuture(lambda: marked(ids.numpy()))
+    host = ids.to("cpu", non_blocking=True)
+    landed = torch.cuda.Event()
+    landed.record()
+
+    def wait() -> np.ndarray:
+        landed.synchronize()
+        return marked(host.numpy())
+
+    return TokensFuture(wait)
 
 
 def argmax_rows(argmax: Tensor, rows: np.ndarray) -> Tensor:

@@ -40,7 +40,18 @@ from torch import Tensor
 
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
-from tinyinfer.runners.runner import Batch, Feed, RankTiming, RunnerInfo, TopFuture, TopLogits, fed_batch
+from tinyinfer.runners.runner import (
+    Batch,
+    Feed,
+    RankTiming,
+    Rounds,
+    RunnerInfo,
+    TokensFuture,
+    TopFuture,
+    TopLogits,
+    fed_batch,
+    launch_rounds_stepwise,
+)
 from tinyinfer.runners.torch_fast import TorchKVCache, argmax_rows
 from tinyinfer.runners.tp.shard import ShardRunner
 
@@ -268,6 +279,10 @@ class TensorParallelRunner:
         if self.shard.clock.enabled:
             future.result()
         return future
+
+    def launch_rounds(self, batch: Batch, kv_cache: TensorParallelKVCache, rounds: Rounds) -> TokensFuture:
+        """One ``launch_top`` per round (each a command to every rank), fed from the one before."""
+        return launch_rounds_stepwise(self, batch, kv_cache, rounds)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -47,7 +47,15 @@ from torch import Tensor
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
 from tinyinfer.runners import torch_layers as layers
-from tinyinfer.runners.runner import Batch, RankShare, RankTiming, RunnerInfo
+from tinyinfer.runners.runner import (
+    Batch,
+    RankShare,
+    RankTiming,
+    Rounds,
+    RunnerInfo,
+    TokensFuture,
+    launch_rounds_stepwise,
+)
 from tinyinfer.runners.torch_fast import TorchKVCache, TorchRunner, _Step, reduce_top
 from tinyinfer.runners.torch_graphs import DecodeGraphs
 from tinyinfer.runners.torch_weights import random_weights
@@ -399,6 +407,11 @@ class ShardRunner(TorchRunner):
         if graphs is not None:
             self._graph_sets.add(graphs)
         return graphs
+
+    def launch_rounds(self, batch: Batch, kv: TorchKVCache, rounds: Rounds) -> TokensFuture:
+        """One launch per round, as the other ranks run them (each a command of its own), not
+        TorchRunner's rounds in one graph."""
+        return launch_rounds_stepwise(self, batch, kv, rounds)
 
     def release_graphs(self) -> None:
         """Free every decode graph of this shard, before its communicators are torn down:

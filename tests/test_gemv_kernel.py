@@ -20,7 +20,8 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 @needs_triton
 def test_fused_layer_functions_match_torch_layers_in_interpreter():
     """float32, sizes that fill no tile evenly, 1 and 3 rows, with and without biases, one split
-    and several: the same outputs as torch_layers (the residual sums bit for bit)."""
+    and several, one tile in flight and two: the same outputs as torch_layers (the residual sums
+    bit for bit)."""
     code = """
 import torch
 from tinyinfer.runners import torch_layers as L
@@ -29,7 +30,8 @@ torch.manual_seed(0)
 def close(a, b):
     return float((a - b).norm() / b.norm()) < 1e-6
 for rows, bias in ((1, False), (3, True)):
-    for config in (None, G.Config(16, 64, 2), G.Config(8, 32, 4)):
+    for config in (None, G.Config(16, 64, 2), G.Config(8, 32, 4), G.Config(8, 32, 2, ahead=2),
+                   G.Config(4, 16, 1, 8, ahead=2)):
         d, f, qkv_out, vocab = 96, 160, 144, 200
         x, r, attn = torch.randn(rows, d), torch.randn(rows, d), torch.randn(rows, d)
         norm = 1 + 0.1 * torch.randn(d)

@@ -63,6 +63,25 @@ class Config(NamedTuple):
     block_k: int  # inputs per loop step
     split_k: int = 1  # programs sharing one tile's inputs
     num_warps: int = 4
+    ahead: int = 1  # weight tiles in flight while a step sums one (1 or 2; fewer if the steps are)
+
+
+@triton.jit
+def _accumulate(w, u, k, acc, acc_u, x_row, res_row, norm_ptr, rstd, K, dtype,
+                NORM: tl.constexpr, ADD_RES: tl.constexpr, GATED: tl.constexpr, EVEN: tl.constexpr):
+    """One loop step: inputs k of the row through the prologue, times the weight tiles w (and u,
+    the up rows), summed into acc (acc_u) in float32."""
+    k_ok = k < K
+    xk = load(x_row + k, k_ok, EVEN).to(tl.float32)
+    if NORM:
+        if ADD_RES:
+            xk = (xk + load(res_row + k, k_ok, EVEN).to(tl.float32)).to(dtype).to(tl.float32)
+        xk = xk * rstd * load(norm_ptr + k, k_ok, EVEN).to(tl.float32)
+        xk = xk.to(dtype).to(tl.float32)
+    acc += w.to(tl.float32) * xk[None, :]
+    if GATED:
+        acc_u += u.to(tl.float32) * xk[None, :]
+    return acc, acc_u
 
 
 @triton.jit
@@ -71,12 +90,14 @@ def _gemv_kernel(
     N, K, steps, eps,
     NORM: tl.constexpr, ADD_RES: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
     ADD_OUT: tl.constexpr, K_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, INTERPRETED_STEPS: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_K: tl.constexpr, AHEAD: tl.constexpr, INTERPRETED_STEPS: tl.constexpr, EVEN: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """out[m, n] = epilogue(sum_k W[n, k] prologue(x[m])[k]). Programs: (N tiles, splits, rows).
 
     Prologue (NORM): x + res rounded (ADD_RES; the first program writes it to sum_ptr), then
-    RMSNorm with weights norm_ptr, rounded. GATED: W has 2N rows, gate rows then up rows."""
+    RMSNorm with weights norm_ptr, rounded. GATED: W has 2N rows, gate rows then up rows.
+    AHEAD (1 or 2, at most ``steps``): weight tiles in flight while a step computes."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     m = tl.program_id(2)
@@ -84,46 +105,51 @@ def _gemv_kernel(
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     kk = tl.arange(0, BLOCK_K)
-    first = pid_k * steps * BLOCK_K  # this program's inputs: first .. first + steps * BLOCK_K
+    first = pid_k * steps * BLOCK_K + kk  # this program's inputs: its first step's
     rows = w_ptr + n[:, None] * K  # [BN, 1]
     up_rows = rows + N * K
-    # The first tile of weights, which no earlier kernel writes, before waiting for that kernel.
-    k = first + kk
-    w, u = weight_tiles(rows, up_rows, k, n_ok, K, EVEN, GATED)
+    # The first AHEAD tiles of weights, which no earlier kernel writes, before waiting for that kernel.
+    w, u = weight_tiles(rows, up_rows, first, n_ok, K, EVEN, GATED)
+    if AHEAD == 2:
+        w1, u1 = weight_tiles(rows, up_rows, first + BLOCK_K, n_ok, K, EVEN, GATED)
     if PDL:
         gdc_wait()
     x_row = x_ptr + m * K
+    res_row = res_ptr + m * K
     rstd = 0.0
     if NORM:
         full = tl.arange(0, K_P)
         xf = tl.load(x_row + full, mask=full < K, other=0.0).to(tl.float32)
         if ADD_RES:
-            xf = (xf + tl.load(res_ptr + m * K + full, mask=full < K, other=0.0).to(tl.float32))
+            xf = (xf + tl.load(res_row + full, mask=full < K, other=0.0).to(tl.float32))
             xf = xf.to(dtype).to(tl.float32)
             writer = (pid_n == 0) & (pid_k == 0)
             tl.store(sum_ptr + m * K + full, xf.to(dtype), mask=(full < K) & writer)
         rstd = tl.rsqrt(tl.sum(xf * xf, 0) / K + eps)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for step in range(0, trip_count(steps, INTERPRETED_STEPS)):
-        k = first + step * BLOCK_K + kk
-        k_ok = k < K
-        # the next step's weights, in flight while this step computes (the last step reads its
-        # own tile again rather than test a mask)
-        ahead = k + BLOCK_K * (step + 1 < steps).to(tl.int32)
-        w_next, u_next = weight_tiles(rows, up_rows, ahead, n_ok, K, EVEN, GATED)
-        xk = load(x_row + k, k_ok, EVEN).to(tl.float32)
-        if NORM:
-            if ADD_RES:
-                xk = (xk + load(res_ptr + m * K + k, k_ok, EVEN).to(tl.float32)).to(dtype).to(tl.float32)
-            xk = xk * rstd * load(norm_ptr + k, k_ok, EVEN).to(tl.float32)
-            xk = xk.to(dtype).to(tl.float32)
-        acc += w.to(tl.float32) * xk[None, :]
-        if GATED:
-            acc_u += u.to(tl.float32) * xk[None, :]
-        w = w_next
-        u = u_next
-    if PDL:  # the next kernel may launch now: its first tile of weights loads under this tail
+    # Each step loads the tile AHEAD steps on, then sums the oldest one in flight; the last
+    # AHEAD steps, whose tiles are all loaded, are peeled off the loop.
+    for step in range(0, trip_count(steps, INTERPRETED_STEPS) - AHEAD):
+        k = first + step * BLOCK_K
+        w_next, u_next = weight_tiles(rows, up_rows, k + AHEAD * BLOCK_K, n_ok, K, EVEN, GATED)
+        acc, acc_u = _accumulate(w, u, k, acc, acc_u, x_row, res_row, norm_ptr, rstd, K, dtype,
+                                 NORM, ADD_RES, GATED, EVEN)
+        if AHEAD == 2:
+            w = w1
+            u = u1
+            w1 = w_next
+            u1 = u_next
+        else:
+            w = w_next
+            u = u_next
+    last = first + (steps - AHEAD) * BLOCK_K
+    acc, acc_u = _accumulate(w, u, last, acc, acc_u, x_row, res_row, norm_ptr, rstd, K, dtype,
+                             NORM, ADD_RES, GATED, EVEN)
+    if AHEAD == 2:
+        acc, acc_u = _accumulate(w1, u1, last + BLOCK_K, acc, acc_u, x_row, res_row, norm_ptr, rstd,
+                                 K, dtype, NORM, ADD_RES, GATED, EVEN)
+    if PDL:  # the next kernel may launch now: its first tiles of weights load under this tail
         gdc_launch_dependents()
     gate = tl.sum(acc, 1)
     up = gate
@@ -172,6 +198,8 @@ def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *
     partial, counters = split_buffers(config.split_k, m, 2 * n if gated else n, grid[0] * grid[2], out)
     blocks = triton.cdiv(k, config.block_k)
     steps = triton.cdiv(blocks, config.split_k)
+    if config.ahead not in (1, 2):
+        raise ValueError(f"ahead is 1 or 2 tiles, not {config.ahead}")
     pdl = uses_pdl(x.device)
     unused = out
     _gemv_kernel[grid](
@@ -181,7 +209,7 @@ def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *
         NORM=norm is not None, ADD_RES=residual is not None, HAS_BIAS=bias is not None,
         GATED=gated, ADD_OUT=add is not None, K_P=triton.next_power_of_2(k),
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
-        INTERPRETED_STEPS=steps if INTERPRETED else 0,
+        AHEAD=min(config.ahead, steps), INTERPRETED_STEPS=steps if INTERPRETED else 0,
         EVEN=n % config.block_n == 0 and k % config.block_k == 0 and blocks % config.split_k == 0,
         PDL=pdl, num_warps=config.num_warps, launch_pdl=pdl,
     )

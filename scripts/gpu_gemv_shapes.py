@@ -16,8 +16,9 @@ runner gives it there (the shards' o product plain, their gate|up with the resid
 * chains    a step's products alone, in order: q|k|v, o, gate|up, down for 32 layers, then the
             LM head, in one CUDA graph: milliseconds and TB/s of the step's weights;
 * sweep     each product under many tiles (outputs per program, inputs per step, split K,
-            warps, tiles in flight), each checked against the runner's tiles' output and
-            timed as in ``products``; then the chains again at each product's fastest tiles;
+            warps, tiles in flight; or those of --tiles), each checked against the runner's
+            tiles' output and timed as in ``products``; then the chains again at each
+            product's fastest tiles;
 * steps     the 1b and 8b families' batch-1 decode step through the runner (CUDA graph replay,
             ``gpu_fuse_check.step_variant``).
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import json
 import math
 import multiprocessing
@@ -105,10 +107,15 @@ def product_call(kind: str, k: int, inputs: Inputs) -> Callable[..., torch.Tenso
     return calls[kind]
 
 
+TILES: list[tuple[int, ...]] = []  # --tiles: the sweep tries these alone
+
+
 def candidates(n: int, k: int, gated: bool, limit: int, seed: int) -> list[tuple[int, ...]]:
     """Tiles to try: (block_n, block_k, split_k, num_warps, ahead), each program's tile 8-64
     elements a thread, split K only where the outputs give few tiles; at most ``limit``, a
-    seeded sample past the runner's own tiles."""
+    seeded sample (or those of --tiles that fit: block_k within the inputs)."""
+    if TILES:
+        return [t for t in TILES if t[1] <= k][:limit]
     rows = n // 2 if gated else n
     out = []
     for warps in (4, 8):
@@ -214,9 +221,9 @@ def run_family(family: str, parts: list[str], device: torch.device, deadline: fl
         nbytes = n * k * 2
         row = {"shape": [n, k], "kind": kind, "MB": round(nbytes / 1e6, 2)}
         row["runner"] = bandwidth_row(time_product(calls[name], ws[name], None, device), nbytes)
-        if hasattr(gemv, "pick_config"):
-            gated = kind.startswith("gateup")
-            row["runner_tiles"] = list(gemv.pick_config(n // 2 if gated else n, k, gated))
+        gated, norm = kind.startswith("gateup"), kind in ("qkv", "head")
+        kinds = (norm,) if "norm" in inspect.signature(gemv.pick_config).parameters else ()
+        row["runner_tiles"] = list(gemv.pick_config(n // 2 if gated else n, k, gated, *kinds))
         x, copies = inputs.wide[:, :k], ws[name]
         row["cublas"] = bandwidth_row(
             graph_us_per_call(lambda i, x=x, copies=copies: F.linear(x, copies[i]), len(copies), device), nbytes)
@@ -289,7 +296,10 @@ def main() -> int:
     parser.add_argument("--per-product", type=int, default=64, help="sweep: tiles tried per product")
     parser.add_argument("--compile-seconds", type=float, default=60.0, help="sweep: precompiling's limit")
     parser.add_argument("--compile-workers", type=int, default=14)
+    parser.add_argument("--tiles", default="", help="sweep: these tiles only, e.g. 4x1024x1x8x1,4x256x1x4x1 "
+                        "(outputs x inputs x split x warps x ahead)")
     args = parser.parse_args()
+    TILES.extend(tuple(map(int, t.split("x"))) for t in args.tiles.split(",") if t)
     device = torch.device("cuda")
     parts, families = args.parts.split(","), args.families.split(",")
     out_path = Path(args.out) / f"gpu_gemv_shapes_{args.label}.json"

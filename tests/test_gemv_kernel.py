@@ -105,17 +105,18 @@ def test_decode_products_option_is_checked_and_described(oracle_model, without_t
 
 
 @needs_triton
-def test_split_k_only_where_every_output_tile_has_a_counter():
-    """Past 4096 inputs the products split K in two, unless their output tiles outnumber the
-    split's counters: a 5120-wide model's LM head (Qwen2.5-14B: 152064 rows) runs unsplit
-    instead of failing its first decode step."""
+def test_tiles_by_kind_and_split_k_counters():
+    """The runner's tiles depend on the product's kind, not on how many rows a shard holds, and
+    never split K (slower at every measured shape); a forced split still needs a counter per
+    output tile."""
     from tinyinfer.runners import torch_triton_gemv as G
     from tinyinfer.runners.triton_common import MAX_TILES, split_counters
 
-    assert G.pick_config(4096, 14336, False).split_k == 2  # an 8B down product
-    assert G.pick_config(128256, 4096, False).split_k == 1  # the 8B head: 4096 inputs
-    assert G.pick_config(152064, 5120, False).split_k == 1
-    assert G.pick_config(5120, 13824, False).split_k == 2
+    for n, k in ((1536, 4096), (6144, 4096), (32064, 4096), (128256, 2048)):  # q|k|v, heads
+        assert G.pick_config(n, k, False, norm=True) == G.Config(4, 1024, num_warps=8)
+    for n, k in ((4096, 1024), (4096, 14336), (2048, 8192)):  # o, down
+        assert G.pick_config(n, k, False) == G.Config(4, 1024, ahead=2)
+    assert G.pick_config(3584, 4096, True) == G.pick_config(14336, 4096, True) == G.Config(4, 256)
     with pytest.raises(ValueError, match=f"at most {MAX_TILES} output tiles"):
         split_counters(MAX_TILES + 1, __import__("torch").device("cpu"))
 
@@ -126,8 +127,10 @@ def test_shard_fused_layer_sums_to_the_whole_layer_in_interpreter():
     adds their partial sums where the ranks would all-reduce): each rank's q|k|v are its columns
     of the whole layer's, the residual stream is the same on every rank, and the ranks' down
     products add up to the whole MLP's output; each rank's MLP also matches the shard's torch
-    function (float32, sizes that fill no tile evenly)."""
+    function (float32, sizes that fill no tile evenly), at the runner's tiles and with K split
+    across programs and two tiles in flight."""
     code = """
+import functools
 import torch
 from tinyinfer.config import ModelConfig
 from tinyinfer.runners import torch_layers as L
@@ -159,21 +162,24 @@ want_x2, want_mlp = L.mlp_block(want_x, attn, o_w, None, norm2, None, in_w, None
 q_size, kv_size = c.num_heads * hd // world, c.num_kv_heads * hd // world
 qkv_parts = want_qkv.split([c.num_heads * hd, c.num_kv_heads * hd, c.num_kv_heads * hd], dim=-1)
 ranks = [fused(S.shard_weights(c, ref, r, world)) for r in range(world)]
-outs = []
-for r, (qkv_r, o_r, in_r, out_r) in enumerate(ranks):
-    got_x, got_qkv = G.attention_input(x, residual, norm1, None, qkv_r, None, eps)
-    mine = torch.cat([qkv_parts[0][:, r * q_size:(r + 1) * q_size], qkv_parts[1][:, r * kv_size:(r + 1) * kv_size],
-                      qkv_parts[2][:, r * kv_size:(r + 1) * kv_size]], dim=-1)
-    assert torch.equal(got_x, want_x) and close(got_qkv, mine), r
-    outs.append(G.gemv(attn[:, r * q_size:(r + 1) * q_size], o_r))
-attn_out = sum(outs)  # the all-reduce
-partials = []
-for r, (qkv_r, o_r, in_r, out_r) in enumerate(ranks):
-    got_x2, partial = G.mlp_after_attention(want_x, attn_out, norm2, None, in_r, None, out_r, None, eps, True)
-    torch_x2, torch_partial = S.mlp_after_attention(want_x, attn_out, norm2, None, in_r, None, out_r, None, eps, True)
-    assert close(got_x2, want_x2) and torch.equal(got_x2, torch_x2) and close(partial, torch_partial), r
-    partials.append(partial)
-assert close(sum(partials), want_mlp)
+# the runner's tiles, and K split across programs with two tiles in flight
+for product in (G.gemv, functools.partial(G.gemv, config=G.Config(8, 16, 2, ahead=2))):
+    outs = []
+    for r, (qkv_r, o_r, in_r, out_r) in enumerate(ranks):
+        got_x, got_qkv = G.attention_input(x, residual, norm1, None, qkv_r, None, eps, product=product)
+        mine = torch.cat([qkv_parts[0][:, r * q_size:(r + 1) * q_size], qkv_parts[1][:, r * kv_size:(r + 1) * kv_size],
+                          qkv_parts[2][:, r * kv_size:(r + 1) * kv_size]], dim=-1)
+        assert torch.equal(got_x, want_x) and close(got_qkv, mine), r
+        outs.append(product(attn[:, r * q_size:(r + 1) * q_size], o_r))
+    attn_out = sum(outs)  # the all-reduce
+    partials = []
+    for r, (qkv_r, o_r, in_r, out_r) in enumerate(ranks):
+        got_x2, partial = G.mlp_after_attention(want_x, attn_out, norm2, None, in_r, None, out_r, None, eps, True,
+                                                product=product)
+        torch_x2, torch_partial = S.mlp_after_attention(want_x, attn_out, norm2, None, in_r, None, out_r, None, eps, True)
+        assert close(got_x2, want_x2) and torch.equal(got_x2, torch_x2) and close(partial, torch_partial), r
+        partials.append(partial)
+    assert close(sum(partials), want_mlp)
 assert not close(partials[0], want_mlp)  # one rank's share is not the whole
 print('ok')
 """

@@ -26,9 +26,24 @@ previous kernel's finish: a product loads its first tile of weights, which no ea
 before it waits for the previous kernel's results (``gdc_wait``), so the launch gap and the
 ramp-up of the weight stream overlap the previous kernel's tail.
 
-A product with long rows (the down product) splits its inputs across programs (split K); the
-last program of a tile to finish (counted with an atomic) adds the float32 partials in a fixed
-order and applies the epilogue.
+Tiles (``pick_config``). A one-row product is a stream of weights with almost no arithmetic, so
+what bounds it is how many bytes are in flight: HBM returns a load ~1 us after it is issued,
+and a program issues its next tile only when its previous one has arrived. The small products
+-- a tensor-parallel shard's (TP=4 of the 8B: q|k|v 1,536 x 4,096, o 4,096 x 1,024) and the 1B
+model's, 8-13 MB each -- had too few programs at 8 outputs a program (192 for that q|k|v, on
+132 multiprocessors) with one 8 KB tile each in flight, and ran at 1.7-1.9 TB/s against 3.0 for
+a copy. Measured on an H100 (``scripts/gpu_gemv_shapes.py``, docs/fast-path.md: each product 32
+times in a CUDA graph, ~1,000 tile choices over 20 products): 4 outputs a program doubles the
+programs; 1024 inputs a step doubles the bytes of each load; a second tile in flight (``ahead``)
+loads before the wait for the previous kernel too, which helps the products without a norm (few
+programs, nothing else to do before their first sum) and not those with one, which instead take
+8 warps so more programs fit a multiprocessor beside the row of inputs they hold for the norm;
+gate|up, which reads two rows an output, takes 256 inputs a step. The gated products gained
+most (a TP=4 shard's gate|up 31.6 -> 22.2 us). Splitting K across programs (``split_k``: the
+last program of a tile to finish, counted with an atomic, adds the float32 partials in a fixed
+order) was slower at every measured shape, the smallest included -- its partial sums and atomic
+add more time to the kernel's tail than the extra programs save -- so the runner never picks
+it; ``Config`` keeps it for other shapes and the tile sweeps.
 """
 
 from __future__ import annotations
@@ -49,7 +64,6 @@ from tinyinfer.runners.triton_common import (
     epilogue,
     load,
     split_buffers,
-    split_fits,
     trip_count,
     weight_tiles,
 )
@@ -160,14 +174,19 @@ def _gemv_kernel(
              SPLIT_K)
 
 
-def pick_config(n: int, k: int, gated: bool) -> Config:
-    """Tiles measured fastest on an H100 at batch 1 at the 1B and 8B shapes (docs/fast-path.md):
-    8 outputs per program; 512 inputs per loop step, or 128 with 8 warps for gated products
-    (which read two rows per output); the inputs split in two past 4096 of them (the down
-    products), where the outputs leave counters for it (not a 5120-wide model's LM head). Smaller tiles and deeper splits, for more programs, ran slower at these sizes."""
+def pick_config(n: int, k: int, gated: bool, norm: bool = False) -> Config:
+    """The tiles by the product's kind, the fastest measured on an H100 at batch 1 over the 1B and
+    8B shapes and the 8B's TP=2 and TP=4 shards (module docstring): 4 outputs a program, so
+    that even a shard's 1,536 q|k|v rows make 384 programs; gated products 256 inputs a step
+    (each step reads a gate and an up tile); products with a norm in their prologue 1024 with
+    8 warps (their programs also hold a row's inputs for the norm); the others 1024 with two
+    tiles in flight. Never split K: at every measured shape one program per tile of outputs
+    streaming its whole rows ran faster."""
     if gated:
-        return Config(8, 128, 1, num_warps=8)
-    return Config(8, 512, split_k=2 if k > 4096 and split_fits(triton.cdiv(n, 8)) else 1)
+        return Config(4, 256)
+    if norm:
+        return Config(4, 1024, num_warps=8)
+    return Config(4, 1024, ahead=2)
 
 
 def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *, norm: Tensor | None = None,
@@ -191,7 +210,7 @@ def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     if config is None:
-        config = pick_config(n, k, gated)
+        config = pick_config(n, k, gated, norm is not None)
     check_prologue(norm, residual, sum_out, config.split_k, norm_splits=True)
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k, m)

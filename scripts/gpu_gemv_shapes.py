@@ -222,8 +222,9 @@ def run_family(family: str, parts: list[str], device: torch.device, deadline: fl
         row = {"shape": [n, k], "kind": kind, "MB": round(nbytes / 1e6, 2)}
         row["runner"] = bandwidth_row(time_product(calls[name], ws[name], None, device), nbytes)
         gated, norm = kind.startswith("gateup"), kind in ("qkv", "head")
-        kinds = (norm,) if "norm" in inspect.signature(gemv.pick_config).parameters else ()
-        row["runner_tiles"] = list(gemv.pick_config(n // 2 if gated else n, k, gated, *kinds))
+        by = inspect.signature(gemv.pick_config).parameters  # tiles by kind, or (earlier) by shape too
+        row["runner_tiles"] = list(gemv.pick_config(gated, norm) if "norm" in by else
+                                   gemv.pick_config(n // 2 if gated else n, k, gated))
         x, copies = inputs.wide[:, :k], ws[name]
         row["cublas"] = bandwidth_row(
             graph_us_per_call(lambda i, x=x, copies=copies: F.linear(x, copies[i]), len(copies), device), nbytes)

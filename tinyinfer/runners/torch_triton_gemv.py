@@ -27,23 +27,25 @@ before it waits for the previous kernel's results (``gdc_wait``), so the launch 
 ramp-up of the weight stream overlap the previous kernel's tail.
 
 Tiles (``pick_config``). A one-row product is a stream of weights with almost no arithmetic, so
-what bounds it is how many bytes are in flight: HBM returns a load ~1 us after it is issued,
-and a program issues its next tile only when its previous one has arrived. The small products
--- a tensor-parallel shard's (TP=4 of the 8B: q|k|v 1,536 x 4,096, o 4,096 x 1,024) and the 1B
-model's, 8-13 MB each -- had too few programs at 8 outputs a program (192 for that q|k|v, on
-132 multiprocessors) with one 8 KB tile each in flight, and ran at 1.7-1.9 TB/s against 3.0 for
-a copy. Measured on an H100 (``scripts/gpu_gemv_shapes.py``, docs/fast-path.md: each product 32
-times in a CUDA graph, ~1,000 tile choices over 20 products): 4 outputs a program doubles the
-programs; 1024 inputs a step doubles the bytes of each load; a second tile in flight (``ahead``)
-loads before the wait for the previous kernel too, which helps the products without a norm (few
-programs, nothing else to do before their first sum) and not those with one, which instead take
-8 warps so more programs fit a multiprocessor beside the row of inputs they hold for the norm;
-gate|up, which reads two rows an output, takes 256 inputs a step. The gated products gained
-most (a TP=4 shard's gate|up 31.6 -> 22.2 us). Splitting K across programs (``split_k``: the
-last program of a tile to finish, counted with an atomic, adds the float32 partials in a fixed
-order) was slower at every measured shape, the smallest included -- its partial sums and atomic
-add more time to the kernel's tail than the extra programs save -- so the runner never picks
-it; ``Config`` keeps it for other shapes and the tile sweeps.
+what bounds it is the bytes in flight: HBM answers a load ~1 us after it is issued, and a
+program issues its next tile only when the previous one has arrived. The small products -- a
+tensor-parallel shard's (TP=4 of the 8B: q|k|v 1,536 x 4,096, o 4,096 x 1,024) and the 1B
+model's, 8-13 MB each -- had few programs at 8 outputs each (192 for that q|k|v, on 132
+multiprocessors), one 8 KB tile each in flight, and ran at 1.7-2.0 TB/s against 3.0 for a copy.
+Measured on an H100 (``scripts/gpu_gemv_shapes.py``; docs/fast-path.md: each product 32 times
+in a CUDA graph, ~1,000 tile choices over 20 products): 4 outputs a program (twice the
+programs) and 1024 inputs a step (twice the bytes a load) did best for all but gate|up, which
+reads two rows an output and takes 256 inputs a step with 4 warps (a TP=4 shard's gate|up
+31.5 -> 22.0 us, the largest gain; a step's products at TP=4 1.72 -> 1.53 ms). A second tile in
+flight (``ahead``, loaded before the wait for the previous kernel too) helped the products
+without a norm; those with one gained as much from 8 warps instead (more programs fit beside
+the row of inputs each holds for its norm) and the LM heads lost 1-5 % with it. The kind-based
+tiles come within 3 % of the fastest tiles chosen per shape. The smallest products still run
+near 2 TB/s: 1.5-2 us a kernel go to the wait, the norm, the last tile's latency and the final
+sum, whatever the tiles. Splitting K across programs (``split_k``: the last program of a tile
+to finish, counted with an atomic, adds the float32 partials in a fixed order) was slower at
+every measured shape, the smallest included, so the runner never picks it; ``Config`` keeps it
+for other shapes and the sweeps.
 """
 
 from __future__ import annotations
@@ -174,14 +176,13 @@ def _gemv_kernel(
              SPLIT_K)
 
 
-def pick_config(n: int, k: int, gated: bool, norm: bool = False) -> Config:
-    """The tiles by the product's kind, the fastest measured on an H100 at batch 1 over the 1B and
-    8B shapes and the 8B's TP=2 and TP=4 shards (module docstring): 4 outputs a program, so
-    that even a shard's 1,536 q|k|v rows make 384 programs; gated products 256 inputs a step
-    (each step reads a gate and an up tile); products with a norm in their prologue 1024 with
-    8 warps (their programs also hold a row's inputs for the norm); the others 1024 with two
-    tiles in flight. Never split K: at every measured shape one program per tile of outputs
-    streaming its whole rows ran faster."""
+def pick_config(gated: bool, norm: bool = False) -> Config:
+    """The tiles by the product's kind, whatever its shape: the fastest measured on an H100 at
+    batch 1 over the 1B and 8B shapes and the 8B's TP=2 and TP=4 shards (module docstring).
+    4 outputs a program, so that even a TP=4 shard's 1,536 q|k|v rows make 384 programs;
+    gated products 256 inputs a step (each step reads a gate and an up tile); products with a
+    norm in their prologue 1024 with 8 warps (their programs also hold a row's inputs for the
+    norm); the others 1024 with two tiles in flight. Never split K (slower at every shape)."""
     if gated:
         return Config(4, 256)
     if norm:
@@ -210,7 +211,7 @@ def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     if config is None:
-        config = pick_config(n, k, gated, norm is not None)
+        config = pick_config(gated, norm is not None)
     check_prologue(norm, residual, sum_out, config.split_k, norm_splits=True)
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k, m)

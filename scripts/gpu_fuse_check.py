@@ -202,7 +202,7 @@ def tiles(shape: str, device: torch.device) -> dict:
             row[label] = {"us": round(us, 2), "TBps": round(nbytes / (us * 1e-6) / 1e12, 3)}
 
         record("cublas", graph_us_per_call(lambda i: F.linear(x, ws[i]), copies, device))
-        row["default"] = list(gemv.pick_config(n // 2 if gated else n, k, gated))
+        row["default"] = list(gemv.pick_config(gated))
         record("triton default", graph_us_per_call(lambda i: gemv.gemv(x, ws[i], gated=gated), copies, device))
         for bn, bk, split in candidates:
             for warps in (4, 8) if gated else (4,):

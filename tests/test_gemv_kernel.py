@@ -20,7 +20,8 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 @needs_triton
 def test_fused_layer_functions_match_torch_layers_in_interpreter():
     """float32, sizes that fill no tile evenly, 1 and 3 rows, with and without biases, one split
-    and several: the same outputs as torch_layers (the residual sums bit for bit)."""
+    and several, one tile in flight and two: the same outputs as torch_layers (the residual sums
+    bit for bit)."""
     code = """
 import torch
 from tinyinfer.runners import torch_layers as L
@@ -29,7 +30,8 @@ torch.manual_seed(0)
 def close(a, b):
     return float((a - b).norm() / b.norm()) < 1e-6
 for rows, bias in ((1, False), (3, True)):
-    for config in (None, G.Config(16, 64, 2), G.Config(8, 32, 4)):
+    for config in (None, G.Config(16, 64, 2), G.Config(8, 32, 4), G.Config(8, 32, 2, ahead=2),
+                   G.Config(4, 16, 1, 8, ahead=2)):
         d, f, qkv_out, vocab = 96, 160, 144, 200
         x, r, attn = torch.randn(rows, d), torch.randn(rows, d), torch.randn(rows, d)
         norm = 1 + 0.1 * torch.randn(d)
@@ -103,17 +105,17 @@ def test_decode_products_option_is_checked_and_described(oracle_model, without_t
 
 
 @needs_triton
-def test_split_k_only_where_every_output_tile_has_a_counter():
-    """Past 4096 inputs the products split K in two, unless their output tiles outnumber the
-    split's counters: a 5120-wide model's LM head (Qwen2.5-14B: 152064 rows) runs unsplit
-    instead of failing its first decode step."""
+def test_tiles_by_kind_and_split_k_counters():
+    """The runner's tiles depend on the product's kind alone (a shard's product takes the tiles
+    of the whole model's) and never split K (slower at every measured shape); a forced split
+    still needs a counter per output tile."""
     from tinyinfer.runners import torch_triton_gemv as G
     from tinyinfer.runners.triton_common import MAX_TILES, split_counters
 
-    assert G.pick_config(4096, 14336, False).split_k == 2  # an 8B down product
-    assert G.pick_config(128256, 4096, False).split_k == 1  # the 8B head: 4096 inputs
-    assert G.pick_config(152064, 5120, False).split_k == 1
-    assert G.pick_config(5120, 13824, False).split_k == 2
+    assert G.pick_config(False, norm=True) == G.Config(4, 1024, num_warps=8)  # q|k|v, LM heads
+    assert G.pick_config(False) == G.Config(4, 1024, ahead=2)  # o, down
+    assert G.pick_config(True, norm=True) == G.Config(4, 256)  # gate|up
+    assert all(G.pick_config(*kind).split_k == 1 for kind in ((False, False), (False, True), (True, True)))
     with pytest.raises(ValueError, match=f"at most {MAX_TILES} output tiles"):
         split_counters(MAX_TILES + 1, __import__("torch").device("cpu"))
 
@@ -124,8 +126,10 @@ def test_shard_fused_layer_sums_to_the_whole_layer_in_interpreter():
     adds their partial sums where the ranks would all-reduce): each rank's q|k|v are its columns
     of the whole layer's, the residual stream is the same on every rank, and the ranks' down
     products add up to the whole MLP's output; each rank's MLP also matches the shard's torch
-    function (float32, sizes that fill no tile evenly)."""
+    function (float32, sizes that fill no tile evenly), at the runner's tiles and with K split
+    across programs and two tiles in flight."""
     code = """
+import functools
 import torch
 from tinyinfer.config import ModelConfig
 from tinyinfer.runners import torch_layers as L
@@ -157,21 +161,24 @@ want_x2, want_mlp = L.mlp_block(want_x, attn, o_w, None, norm2, None, in_w, None
 q_size, kv_size = c.num_heads * hd // world, c.num_kv_heads * hd // world
 qkv_parts = want_qkv.split([c.num_heads * hd, c.num_kv_heads * hd, c.num_kv_heads * hd], dim=-1)
 ranks = [fused(S.shard_weights(c, ref, r, world)) for r in range(world)]
-outs = []
-for r, (qkv_r, o_r, in_r, out_r) in enumerate(ranks):
-    got_x, got_qkv = G.attention_input(x, residual, norm1, None, qkv_r, None, eps)
-    mine = torch.cat([qkv_parts[0][:, r * q_size:(r + 1) * q_size], qkv_parts[1][:, r * kv_size:(r + 1) * kv_size],
-                      qkv_parts[2][:, r * kv_size:(r + 1) * kv_size]], dim=-1)
-    assert torch.equal(got_x, want_x) and close(got_qkv, mine), r
-    outs.append(G.gemv(attn[:, r * q_size:(r + 1) * q_size], o_r))
-attn_out = sum(outs)  # the all-reduce
-partials = []
-for r, (qkv_r, o_r, in_r, out_r) in enumerate(ranks):
-    got_x2, partial = G.mlp_after_attention(want_x, attn_out, norm2, None, in_r, None, out_r, None, eps, True)
-    torch_x2, torch_partial = S.mlp_after_attention(want_x, attn_out, norm2, None, in_r, None, out_r, None, eps, True)
-    assert close(got_x2, want_x2) and torch.equal(got_x2, torch_x2) and close(partial, torch_partial), r
-    partials.append(partial)
-assert close(sum(partials), want_mlp)
+# the runner's tiles, and K split across programs with two tiles in flight
+for product in (G.gemv, functools.partial(G.gemv, config=G.Config(8, 16, 2, ahead=2))):
+    outs = []
+    for r, (qkv_r, o_r, in_r, out_r) in enumerate(ranks):
+        got_x, got_qkv = G.attention_input(x, residual, norm1, None, qkv_r, None, eps, product=product)
+        mine = torch.cat([qkv_parts[0][:, r * q_size:(r + 1) * q_size], qkv_parts[1][:, r * kv_size:(r + 1) * kv_size],
+                          qkv_parts[2][:, r * kv_size:(r + 1) * kv_size]], dim=-1)
+        assert torch.equal(got_x, want_x) and close(got_qkv, mine), r
+        outs.append(product(attn[:, r * q_size:(r + 1) * q_size], o_r))
+    attn_out = sum(outs)  # the all-reduce
+    partials = []
+    for r, (qkv_r, o_r, in_r, out_r) in enumerate(ranks):
+        got_x2, partial = G.mlp_after_attention(want_x, attn_out, norm2, None, in_r, None, out_r, None, eps, True,
+                                                product=product)
+        torch_x2, torch_partial = S.mlp_after_attention(want_x, attn_out, norm2, None, in_r, None, out_r, None, eps, True)
+        assert close(got_x2, want_x2) and torch.equal(got_x2, torch_x2) and close(partial, torch_partial), r
+        partials.append(partial)
+    assert close(sum(partials), want_mlp)
 assert not close(partials[0], want_mlp)  # one rank's share is not the whole
 print('ok')
 """

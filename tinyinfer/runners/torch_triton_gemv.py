@@ -26,9 +26,26 @@ previous kernel's finish: a product loads its first tile of weights, which no ea
 before it waits for the previous kernel's results (``gdc_wait``), so the launch gap and the
 ramp-up of the weight stream overlap the previous kernel's tail.
 
-A product with long rows (the down product) splits its inputs across programs (split K); the
-last program of a tile to finish (counted with an atomic) adds the float32 partials in a fixed
-order and applies the epilogue.
+Tiles (``pick_config``). A one-row product is a stream of weights with almost no arithmetic, so
+what bounds it is the bytes in flight: HBM answers a load ~1 us after it is issued, and a
+program issues its next tile only when the previous one has arrived. The small products -- a
+tensor-parallel shard's (TP=4 of the 8B: q|k|v 1,536 x 4,096, o 4,096 x 1,024) and the 1B
+model's, 8-13 MB each -- had few programs at 8 outputs each (192 for that q|k|v, on 132
+multiprocessors), one 8 KB tile each in flight, and ran at 1.7-2.0 TB/s against 3.0 for a copy.
+Measured on an H100 (``scripts/gpu_gemv_shapes.py``; docs/fast-path.md: each product 32 times
+in a CUDA graph, ~1,000 tile choices over 20 products): 4 outputs a program (twice the
+programs) and 1024 inputs a step (twice the bytes a load) did best for all but gate|up, which
+reads two rows an output and takes 256 inputs a step with 4 warps (a TP=4 shard's gate|up
+31.5 -> 22.0 us, the largest gain; a step's products at TP=4 1.72 -> 1.53 ms). A second tile in
+flight (``ahead``, loaded before the wait for the previous kernel too) helped the products
+without a norm; those with one gained as much from 8 warps instead (more programs fit beside
+the row of inputs each holds for its norm) and the LM heads lost 1-5 % with it. The kind-based
+tiles come within 3 % of the fastest tiles chosen per shape. The smallest products still run
+near 2 TB/s: 1.5-2 us a kernel go to the wait, the norm, the last tile's latency and the final
+sum, whatever the tiles. Splitting K across programs (``split_k``: the last program of a tile
+to finish, counted with an atomic, adds the float32 partials in a fixed order) was slower at
+every measured shape, the smallest included, so the runner never picks it; ``Config`` keeps it
+for other shapes and the sweeps.
 """
 
 from __future__ import annotations
@@ -49,7 +66,6 @@ from tinyinfer.runners.triton_common import (
     epilogue,
     load,
     split_buffers,
-    split_fits,
     trip_count,
     weight_tiles,
 )
@@ -63,6 +79,25 @@ class Config(NamedTuple):
     block_k: int  # inputs per loop step
     split_k: int = 1  # programs sharing one tile's inputs
     num_warps: int = 4
+    ahead: int = 1  # weight tiles in flight while a step sums one (1 or 2; fewer if the steps are)
+
+
+@triton.jit
+def _accumulate(w, u, k, acc, acc_u, x_row, res_row, norm_ptr, rstd, K, dtype,
+                NORM: tl.constexpr, ADD_RES: tl.constexpr, GATED: tl.constexpr, EVEN: tl.constexpr):
+    """One loop step: inputs k of the row through the prologue, times the weight tiles w (and u,
+    the up rows), summed into acc (acc_u) in float32."""
+    k_ok = k < K
+    xk = load(x_row + k, k_ok, EVEN).to(tl.float32)
+    if NORM:
+        if ADD_RES:
+            xk = (xk + load(res_row + k, k_ok, EVEN).to(tl.float32)).to(dtype).to(tl.float32)
+        xk = xk * rstd * load(norm_ptr + k, k_ok, EVEN).to(tl.float32)
+        xk = xk.to(dtype).to(tl.float32)
+    acc += w.to(tl.float32) * xk[None, :]
+    if GATED:
+        acc_u += u.to(tl.float32) * xk[None, :]
+    return acc, acc_u
 
 
 @triton.jit
@@ -71,12 +106,14 @@ def _gemv_kernel(
     N, K, steps, eps,
     NORM: tl.constexpr, ADD_RES: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
     ADD_OUT: tl.constexpr, K_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, INTERPRETED_STEPS: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_K: tl.constexpr, AHEAD: tl.constexpr, INTERPRETED_STEPS: tl.constexpr, EVEN: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """out[m, n] = epilogue(sum_k W[n, k] prologue(x[m])[k]). Programs: (N tiles, splits, rows).
 
     Prologue (NORM): x + res rounded (ADD_RES; the first program writes it to sum_ptr), then
-    RMSNorm with weights norm_ptr, rounded. GATED: W has 2N rows, gate rows then up rows."""
+    RMSNorm with weights norm_ptr, rounded. GATED: W has 2N rows, gate rows then up rows.
+    AHEAD (1 or 2, at most ``steps``): weight tiles in flight while a step computes."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     m = tl.program_id(2)
@@ -84,46 +121,51 @@ def _gemv_kernel(
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     kk = tl.arange(0, BLOCK_K)
-    first = pid_k * steps * BLOCK_K  # this program's inputs: first .. first + steps * BLOCK_K
+    first = pid_k * steps * BLOCK_K + kk  # this program's inputs: its first step's
     rows = w_ptr + n[:, None] * K  # [BN, 1]
     up_rows = rows + N * K
-    # The first tile of weights, which no earlier kernel writes, before waiting for that kernel.
-    k = first + kk
-    w, u = weight_tiles(rows, up_rows, k, n_ok, K, EVEN, GATED)
+    # The first AHEAD tiles of weights, which no earlier kernel writes, before waiting for that kernel.
+    w, u = weight_tiles(rows, up_rows, first, n_ok, K, EVEN, GATED)
+    if AHEAD == 2:
+        w1, u1 = weight_tiles(rows, up_rows, first + BLOCK_K, n_ok, K, EVEN, GATED)
     if PDL:
         gdc_wait()
     x_row = x_ptr + m * K
+    res_row = res_ptr + m * K
     rstd = 0.0
     if NORM:
         full = tl.arange(0, K_P)
         xf = tl.load(x_row + full, mask=full < K, other=0.0).to(tl.float32)
         if ADD_RES:
-            xf = (xf + tl.load(res_ptr + m * K + full, mask=full < K, other=0.0).to(tl.float32))
+            xf = (xf + tl.load(res_row + full, mask=full < K, other=0.0).to(tl.float32))
             xf = xf.to(dtype).to(tl.float32)
             writer = (pid_n == 0) & (pid_k == 0)
             tl.store(sum_ptr + m * K + full, xf.to(dtype), mask=(full < K) & writer)
         rstd = tl.rsqrt(tl.sum(xf * xf, 0) / K + eps)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for step in range(0, trip_count(steps, INTERPRETED_STEPS)):
-        k = first + step * BLOCK_K + kk
-        k_ok = k < K
-        # the next step's weights, in flight while this step computes (the last step reads its
-        # own tile again rather than test a mask)
-        ahead = k + BLOCK_K * (step + 1 < steps).to(tl.int32)
-        w_next, u_next = weight_tiles(rows, up_rows, ahead, n_ok, K, EVEN, GATED)
-        xk = load(x_row + k, k_ok, EVEN).to(tl.float32)
-        if NORM:
-            if ADD_RES:
-                xk = (xk + load(res_ptr + m * K + k, k_ok, EVEN).to(tl.float32)).to(dtype).to(tl.float32)
-            xk = xk * rstd * load(norm_ptr + k, k_ok, EVEN).to(tl.float32)
-            xk = xk.to(dtype).to(tl.float32)
-        acc += w.to(tl.float32) * xk[None, :]
-        if GATED:
-            acc_u += u.to(tl.float32) * xk[None, :]
-        w = w_next
-        u = u_next
-    if PDL:  # the next kernel may launch now: its first tile of weights loads under this tail
+    # Each step loads the tile AHEAD steps on, then sums the oldest one in flight; the last
+    # AHEAD steps, whose tiles are all loaded, are peeled off the loop.
+    for step in range(0, trip_count(steps, INTERPRETED_STEPS) - AHEAD):
+        k = first + step * BLOCK_K
+        w_next, u_next = weight_tiles(rows, up_rows, k + AHEAD * BLOCK_K, n_ok, K, EVEN, GATED)
+        acc, acc_u = _accumulate(w, u, k, acc, acc_u, x_row, res_row, norm_ptr, rstd, K, dtype,
+                                 NORM, ADD_RES, GATED, EVEN)
+        if AHEAD == 2:
+            w = w1
+            u = u1
+            w1 = w_next
+            u1 = u_next
+        else:
+            w = w_next
+            u = u_next
+    last = first + (steps - AHEAD) * BLOCK_K
+    acc, acc_u = _accumulate(w, u, last, acc, acc_u, x_row, res_row, norm_ptr, rstd, K, dtype,
+                             NORM, ADD_RES, GATED, EVEN)
+    if AHEAD == 2:
+        acc, acc_u = _accumulate(w1, u1, last + BLOCK_K, acc, acc_u, x_row, res_row, norm_ptr, rstd,
+                                 K, dtype, NORM, ADD_RES, GATED, EVEN)
+    if PDL:  # the next kernel may launch now: its first tiles of weights load under this tail
         gdc_launch_dependents()
     gate = tl.sum(acc, 1)
     up = gate
@@ -134,14 +176,18 @@ def _gemv_kernel(
              SPLIT_K)
 
 
-def pick_config(n: int, k: int, gated: bool) -> Config:
-    """Tiles measured fastest on an H100 at batch 1 at the 1B and 8B shapes (docs/fast-path.md):
-    8 outputs per program; 512 inputs per loop step, or 128 with 8 warps for gated products
-    (which read two rows per output); the inputs split in two past 4096 of them (the down
-    products), where the outputs leave counters for it (not a 5120-wide model's LM head). Smaller tiles and deeper splits, for more programs, ran slower at these sizes."""
+def pick_config(gated: bool, norm: bool = False) -> Config:
+    """The tiles by the product's kind, whatever its shape: the fastest measured on an H100 at
+    batch 1 over the 1B and 8B shapes and the 8B's TP=2 and TP=4 shards (module docstring).
+    4 outputs a program, so that even a TP=4 shard's 1,536 q|k|v rows make 384 programs;
+    gated products 256 inputs a step (each step reads a gate and an up tile); products with a
+    norm in their prologue 1024 with 8 warps (their programs also hold a row's inputs for the
+    norm); the others 1024 with two tiles in flight. Never split K (slower at every shape)."""
     if gated:
-        return Config(8, 128, 1, num_warps=8)
-    return Config(8, 512, split_k=2 if k > 4096 and split_fits(triton.cdiv(n, 8)) else 1)
+        return Config(4, 256)
+    if norm:
+        return Config(4, 1024, num_warps=8)
+    return Config(4, 1024, ahead=2)
 
 
 def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *, norm: Tensor | None = None,
@@ -165,13 +211,15 @@ def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     if config is None:
-        config = pick_config(n, k, gated)
+        config = pick_config(gated, norm is not None)
     check_prologue(norm, residual, sum_out, config.split_k, norm_splits=True)
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k, m)
     partial, counters = split_buffers(config.split_k, m, 2 * n if gated else n, grid[0] * grid[2], out)
     blocks = triton.cdiv(k, config.block_k)
     steps = triton.cdiv(blocks, config.split_k)
+    if config.ahead not in (1, 2):
+        raise ValueError(f"ahead is 1 or 2 tiles, not {config.ahead}")
     pdl = uses_pdl(x.device)
     unused = out
     _gemv_kernel[grid](
@@ -181,7 +229,7 @@ def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *
         NORM=norm is not None, ADD_RES=residual is not None, HAS_BIAS=bias is not None,
         GATED=gated, ADD_OUT=add is not None, K_P=triton.next_power_of_2(k),
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
-        INTERPRETED_STEPS=steps if INTERPRETED else 0,
+        AHEAD=min(config.ahead, steps), INTERPRETED_STEPS=steps if INTERPRETED else 0,
         EVEN=n % config.block_n == 0 and k % config.block_k == 0 and blocks % config.split_k == 0,
         PDL=pdl, num_warps=config.num_warps, launch_pdl=pdl,
     )

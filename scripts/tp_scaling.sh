@@ -17,7 +17,8 @@
 #                                                # the same-call reference (about 470 s)
 #   bash scripts/tp_scaling.sh OUT_DIR same_call   # a 4-GPU host: ours at TP=1, 2 and 4 (asynchronous, TP=4
 #                                                # profiled) and gpt-fast at TP=2 and 4 in one call, then the
-#                                                # 70B at TP=4 (about 560 s)
+#                                                # 70B at TP=4 and the fused shards' check (about 620 s;
+#                                                # BUDGET=585 cuts the check short)
 # (BUDGET=seconds: a group that would start with fewer than 30 s left is skipped, and the
 # gpt-fast groups get what is left of it.)
 # Needs tinyinfer's dependencies importable (and, for gpt-fast, GPT_FAST=a checkout; for the
@@ -161,6 +162,7 @@ elif [ "$mode" = same_call ]; then
   group 0,1,2,3 180 gpt_fast_tp4
   group 0,1,2,3 100 8b_tp4_symm_mem_async_profile
   group 0,1,2,3 100 70b_tp4_symm_mem_async
+  group 0,1,2,3 60 fused_check_tp4
 elif [ "$mode" = fused_rest ]; then
   # each alone on the host except gpt-fast at TP=2 (GPUs 0,1) beside ours at TP=1 (GPU 2)
   group 0,1,2,3 100 70b_tp4_symm_mem_async

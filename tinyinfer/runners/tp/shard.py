@@ -66,7 +66,10 @@ WeightArray = np.ndarray | Bf16Array | Tensor
 ALL_REDUCES = ("auto", "nccl", "symm_mem")
 # torch 2.13 renamed all_gather_into_tensor; older releases (2.11, ...) have only that name
 _all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
-SYMM_MEM_MAX_BYTES = 512 << 10  # larger messages (long prefill chunks) go through NCCL
+# Messages up to 4 MB (a 512-token prefill chunk of a 4096-wide model) take the one-shot kernel:
+# through NCCL a 128-token prefill's all-reduces cost ~160 us of host time each, and prefill is
+# host-bound; larger messages (long prefill chunks) go through NCCL, bandwidth-optimal there.
+SYMM_MEM_MAX_BYTES = 4 << 20
 
 
 def pick_all_reduce(choice: str, device_type: str, gpus: list[int] | None) -> str:

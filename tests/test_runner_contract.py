@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tinyinfer
+from tinyinfer.errors import TinyInferError
 from tinyinfer.runners.numpy_ref import NumpyRunner
 from tinyinfer.runners.runner import Feed, ModelRunner, Rounds, RunnerInfo, launch_rounds_stepwise, make_batch
 from tinyinfer.runners.torch_fast import TorchRunner
@@ -251,3 +252,13 @@ def test_model_tokenizer_is_public_and_explains_its_absence(oracle_model):
     assert not model.has_tokenizer
     with pytest.raises(tinyinfer.TokenizerError, match="has no tokenizer .*pass token ids"):
         model.tokenizer
+
+
+@pytest.mark.parametrize("positions, slots", [
+    ([[3, 4]], [[19, 20], [21, 22]]),  # shapes differ
+    ([[3, -1]], [[19, 20]]),  # -1 in the positions alone
+    ([[3, -1], [4, 5]], [[19, -1], [20, 21]]),  # back in after sitting a round out
+])
+def test_rounds_refuse_inconsistent_sitting_out(positions, slots):
+    with pytest.raises(TinyInferError, match="rounds:"):
+        Rounds(np.array(positions, dtype=np.int64), np.array(slots, dtype=np.int64))

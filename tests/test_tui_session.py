@@ -245,6 +245,7 @@ def test_cli_draft_quantize_reaches_the_draft_model_alone():
 
 @pytest.mark.parametrize("flags, says", [
     (["--speculative", "lookup", "--draft-quantize", "int8"], "drop --speculative lookup"),
+    (["--model", "a-model-folder", "--draft-quantize", "int8"], "give --draft-model"),
     (["--draft-quantize-head"], "name one with --draft-quantize"),
     (["--speculative", "draft", "--draft-quantize", "int9"], "int9"),
 ])

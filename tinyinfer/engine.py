@@ -779,15 +779,13 @@ class DraftRun:
         if not active:
             return {}
         batch, _ = self._catch_up(seqs, active, {i: [] for i in active}, rounds)
-        page_size = self.pool.page_size
         positions = np.full((rounds - 1, len(active)), -1, dtype=np.int64)  # [n, B]; -1: sits out
         slots = positions.copy()
         for row, i in enumerate(active):
-            pages = self.pool.pages(seqs[i].seq_id)
             for r in range(ks[i] - 1):
                 position = self._advance(seqs[i])
                 positions[r, row] = position
-                slots[r, row] = pages[position // page_size] * page_size + position % page_size
+                slots[r, row] = self.pool.slot(seqs[i].seq_id, position)
         ids = self.runner.launch_rounds(batch, self.kv_cache, Rounds(positions, slots)).result()
         tokens: dict[int, list[int]] = {i: [] for i in active}
         for r in range(rounds):  # round by round, as the guesses were chosen (the oracle draws so)

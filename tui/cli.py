@@ -42,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                              "bundled model, else prompt lookup, which needs no second model)")
     parser.add_argument("--num-draft", type=positive_int, default=4, metavar="K",
                         help="tokens drafted per step")
-    add_draft_quantize_args(parser)
+    add_draft_quantize_args(parser, default="the draft model as saved")
     parser.add_argument("--quantize", default=None, metavar="FORMAT",
                         help="load the weights quantized: int8, int4, int4-g64, int4-g32-asym, ... "
                              "(shows the Quantization panel; m switches precision inside)")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tinyinfer.cli.args import check_draft_quantize
 from tinyinfer.errors import TinyInferError
+from tinyinfer.model import BUNDLED
 
 from tui.scenarios import SCENARIOS
 
@@ -24,7 +25,7 @@ class Options:
     drafter: str | None = None  # "draft", "lookup"; None: a draft model if there is one, else lookup
     draft_model: str | None = None  # None: bundled-draft (with the bundled model, or drafter "draft")
     num_draft: int = 4
-    draft_quantize: str | None = None  # the draft model's weight format (None: float weights)
+    draft_quantize: str | None = None  # the draft model's weight format (None: as saved)
     draft_quantize_head: bool = False  # its embedding and LM head in that format too
     quantize: str | None = None  # weight format to load with (int8, int4, ...); None: the scenario's
     kv_cache_dtype: str = "auto"  # K/V storage: "auto" (the compute dtype) or "int8"
@@ -35,10 +36,22 @@ class Options:
     show_timings: bool = True  # off for deterministic screenshots
     run_interval: float = 0.25  # seconds between steps while running
 
+    def draft_model_name(self) -> str | None:
+        """The draft model speculative decoding runs: --draft-model, else bundled-draft beside the
+        bundled model (or with --speculative draft); None where it drafts by prompt lookup."""
+        if self.drafter == "lookup":
+            return None
+        if self.draft_model is not None:
+            return self.draft_model
+        if self.drafter == "draft" or self.model == "bundled" and BUNDLED["bundled-draft"].is_dir():
+            return "bundled-draft"
+        return None
+
     def check(self) -> None:
         """Refuse settings that do not combine, before anything loads."""
-        check_draft_quantize(self.draft_quantize, self.draft_quantize_head, self.drafter != "lookup",
-                             "drop --speculative lookup (prompt lookup needs no second model)")
+        check_draft_quantize(self.draft_quantize, self.draft_quantize_head, self.draft_model_name() is not None,
+                             "drop --speculative lookup" if self.drafter == "lookup" else
+                             "give --draft-model (without one, this model drafts by prompt lookup)")
         if self.tensor_parallel == 1:
             return
         if self.replay is not None:

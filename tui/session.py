@@ -299,11 +299,8 @@ def load_model(options: Options, quantize: str | None = None) -> tinyinfer.Model
 def speculation_for(options: Options, model: tinyinfer.Model, on: bool) -> Speculation:
     """The drafter a run can switch on: the one asked for, else a draft model if there is one,
     else prompt lookup."""
-    draft = options.draft_model
-    if draft is None and (options.drafter == "draft" or options.model == "bundled"
-                          and BUNDLED["bundled-draft"].is_dir()):
-        draft = "bundled-draft"
-    if draft is None or options.drafter == "lookup":
+    draft = options.draft_model_name()
+    if draft is None:
         return Speculation(PromptLookupDrafter, "prompt lookup", options.num_draft, on)
     draft_model = tinyinfer.load(draft, runner=model.runner.name, device=options.device,
                                  quantize=options.draft_quantize, quantize_head=options.draft_quantize_head,

@@ -47,13 +47,14 @@ def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") ->
     add_threads_arg(parser)
 
 
-def add_draft_quantize_args(parser: argparse.ArgumentParser) -> None:
+def add_draft_quantize_args(parser: argparse.ArgumentParser, default: str = "as --quantize") -> None:
     """`--draft-quantize FORMAT` and `--draft-quantize-head`: the draft model's weights alone, as
-    llama.cpp users run a q4 draft beside an f16 target (generate, bench speculative, tui)."""
+    llama.cpp users run a q4 draft beside an f16 target (generate, bench speculative, tui);
+    ``default`` says in the help what the draft's weights are without it."""
     parser.add_argument("--draft-quantize", default=None, metavar="FORMAT",
                         help="quantize the draft model alone (speculative decoding with a draft "
-                             "model): int8, int4, int4-g64, ...; none: float weights (default: as "
-                             "--quantize)")
+                             "model): int8, int4, int4-g64, ...; none: float weights (default: "
+                             f"{default})")
     parser.add_argument("--draft-quantize-head", action="store_true",
                         help="with --draft-quantize: the draft model's token embedding and LM head "
                              "in that format too")

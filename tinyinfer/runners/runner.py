@@ -158,9 +158,24 @@ class Rounds:
     positions: np.ndarray  # [n, B] int64
     slots: np.ndarray  # [n, B] int64
 
+    def __post_init__(self) -> None:
+        out = self.positions < 0
+        if self.positions.shape != self.slots.shape or self.positions.ndim != 2:
+            raise TinyInferError(f"rounds: positions {self.positions.shape} and slots "
+                                 f"{self.slots.shape} must both be [rounds, sequences]")
+        if not np.array_equal(out, self.slots < 0) or (out[:-1] & ~out[1:]).any():
+            raise TinyInferError("rounds: a sequence sits a round out with -1 in both positions "
+                                 "and slots, and then every later round")
+
     @property
     def num_rounds(self) -> int:
         return int(self.positions.shape[0])
+
+    def staged(self, scratch_slot: int) -> tuple[np.ndarray, np.ndarray]:
+        """(positions, slots) [n, B] as a launch that runs every sequence in every round takes
+        them: a round a sequence sits out decodes at position 0 into the scratch slot."""
+        out = self.slots < 0
+        return np.where(out, 0, self.positions), np.where(out, scratch_slot, self.slots)
 
 
 class TokensFuture:

@@ -390,10 +390,9 @@ class TorchRunner:
             return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(self.device)
 
         step = self._step_inputs(batch, kv.page_size)
-        sits_out = rounds.slots < 0
-        return (step.token_ids, step.positions, step.slots, step.decode_tables,
-                tensor(np.where(sits_out, 0, rounds.positions)),
-                tensor(np.where(sits_out, kv.scratch_page * kv.page_size, rounds.slots)))
+        positions, slots = rounds.staged(kv.scratch_page * kv.page_size)
+        return (step.token_ids, step.positions, step.slots, step.decode_tables, tensor(positions),
+                tensor(slots))
 
     def _greedy_rounds(self, kv: TorchKVCache, q: int, tokens: Tensor, positions: Tensor,
                        slots: Tensor, tables: Tensor, round_positions: Tensor,
@@ -613,14 +612,15 @@ class TorchRunner:
         """The cache's graphs of a q-token step followed by ``rounds`` greedy rounds, or by the
         fewest more that it has (the extra rounds run for nobody): a sequence's last steps, whose
         guesses its max_tokens cuts short, replay the graph of its full ones rather than capture
-        one of each length. None for no rounds where no graph of q tokens exists yet."""
+        one of each length. None for no rounds: the step alone replays its decode graph (one
+        forward pass, where a rounds graph would run its rounds for nobody)."""
+        if rounds == 0:
+            return None
         if kv.round_graphs is None:
             kv.round_graphs = {}
         more = [n for p, n in kv.round_graphs if p == q and n >= rounds]
         if more:
             return kv.round_graphs[q, min(more)]
-        if rounds == 0:
-            return None
         if (q, rounds) not in kv.round_graphs:
             kv.round_graphs[q, rounds] = DecodeGraphs(
                 step=functools.partial(self._greedy_rounds, kv, q),

@@ -110,9 +110,8 @@ class DecodeGraphs:
         tables[batch.num_seqs:, 0] = self.scratch_page
         if rounds is not None:
             ahead_positions, ahead_slots = views[4:]
-            sits_out = rounds.slots < 0
-            ahead_positions[:, :batch.num_seqs] = np.where(sits_out, 0, rounds.positions)
-            ahead_slots[:, :batch.num_seqs] = np.where(sits_out, self.scratch_slot, rounds.slots)
+            staged = rounds.staged(self.scratch_slot)
+            ahead_positions[:, :batch.num_seqs], ahead_slots[:, :batch.num_seqs] = staged
             ahead_positions[:, batch.num_seqs:], ahead_slots[:, batch.num_seqs:] = 0, self.scratch_slot
         return self.tables_at + size * self.table_width
 

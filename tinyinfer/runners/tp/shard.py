@@ -412,8 +412,10 @@ class ShardRunner(TorchRunner):
         return graphs
 
     def launch_rounds(self, batch: Batch, kv: TorchKVCache, rounds: Rounds) -> TokensFuture:
-        """One launch per round, as the other ranks run them (each a command of its own), not
-        TorchRunner's rounds in one graph."""
+        """One launch per round, not TorchRunner's rounds in one graph, whose collectives the
+        other ranks would not join (each of their rounds is a command of its own). The
+        tensor-parallel runner sends a ``launch_top`` per round and never calls this: it keeps
+        a shard from inheriting the one-graph version."""
         return launch_rounds_stepwise(self, batch, kv, rounds)
 
     def release_graphs(self) -> None:

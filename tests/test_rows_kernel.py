@@ -142,8 +142,8 @@ def test_batch_invariant_rows_are_computed_alike_whatever_shares_their_step(orac
     """With batch_invariant (under Triton's CPU interpreter), a sequence's logits do not depend
     on the other sequences of its step, bit for bit: a short prompt alone (one q, so it takes
     the decode attention) and beside a prompt of another length, beside a long prompt (a
-    prefill chunk) and beside decoding rows; a verification of 5 tokens alone and beside a
-    prefill chunk."""
+    prefill chunk, itself as alone) and beside decoding rows; a verification of 5 tokens alone
+    and beside a prefill chunk."""
     folder, _ = oracle_model("llama-gqa-untied")
     code = (
         "import numpy as np\nimport tinyinfer\n"
@@ -152,12 +152,14 @@ def test_batch_invariant_rows_are_computed_alike_whatever_shares_their_step(orac
         "                        decode_attention='triton', batch_invariant=True).runner\n"
         "A, B, C = [5, 9, 2, 11, 3, 8, 1, 17, 40, 22], [3, 3, 8, 21, 9, 10, 2], list(range(1, 31))\n"
         "ta, tb, tc = [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]\n"
-        "def first(*seqs):\n"
-        "    return runner.forward(make_batch(list(seqs), 4), runner.new_kv_cache(16, 4))[0]\n"
-        "alone = first((A, 0, ta, False))\n"
+        "def last_rows(*seqs):\n"
+        "    return runner.forward(make_batch(list(seqs), 4), runner.new_kv_cache(16, 4))\n"
+        "alone, long_alone = last_rows((A, 0, ta, False))[0], last_rows((C, 0, tc, False))[0]\n"
         "for other in [(B, 0, tb, False), (C, 0, tc, False), ([7], 0, tb, False)]:\n"
-        "    beside = first((A, 0, ta, False), other)\n"
-        "    assert np.array_equal(alone, beside), (len(other[0]), np.abs(alone - beside).max())\n"
+        "    beside = last_rows((A, 0, ta, False), other)\n"
+        "    assert np.array_equal(alone, beside[0]), (len(other[0]), np.abs(alone - beside[0]).max())\n"
+        "    if other[0] is C:  # the prefill chunk beside the decode group computes as alone too\n"
+        "        assert np.array_equal(long_alone, beside[1]), np.abs(long_alone - beside[1]).max()\n"
         "def verify(*others):\n"
         "    kv = runner.new_kv_cache(16, 4)\n"
         "    runner.forward(make_batch([(A, 0, ta, False)], 4), kv)\n"

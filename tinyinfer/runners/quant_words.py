@@ -3,8 +3,13 @@
 ``torch_quant_kernel`` multiplies by quantized weights without a dequantized copy; this module
 says what it reads and what it computes, so tests run on any machine:
 
-* **Words.** The stored codes of a row read as little-endian 32-bit words: eight int4 nibbles
-  (column 8i + j at bits 4j of word i) or four int8 bytes (column 4i + j at bits 8j).
+* **Words, one group at a time.** A row's codes are packed into little-endian 32-bit words of
+  eight int4 nibbles or four int8 bytes, group by group: a group of G inputs is G / PER words,
+  and code j of its word i (bits 4j or 8j) is the group's column j * G / PER + i (per-row int8:
+  the row is one group). So every code of a word shares one scale and offset, and code j of a
+  group's consecutive words meets a *contiguous* run of inputs: a kernel reads x as it is, in
+  plain slices, with no regrouping (the stored checkpoint keeps the usual order, even column
+  first; ``pack_words`` reorders at load and ``columns`` says where each code went).
 * **Every format as one formula.** ``weight = (code - zero) * scale + offset`` per (row, group):
   zero is 8 for symmetric int4 (nibbles hold code + 8), else 0; offsets exist only for the
   asymmetric and minimum formats (float16 where that is exact, else float32).
@@ -43,14 +48,40 @@ class PackedWords:
 
 
 def fits(qw: QuantizedWeight) -> bool:
-    """Whether the kernels take this weight: whole groups, rows of whole 32-bit words."""
-    return qw.in_features % qw.group_size == 0 and qw.in_features * qw.config.bits % 32 == 0
+    """Whether the kernels take this weight: whole groups of whole 32-bit words."""
+    return qw.in_features % qw.group_size == 0 and qw.group_size * qw.config.bits % 32 == 0
+
+
+def columns(in_features: int, bits: int, group_size: int) -> np.ndarray:
+    """The input column each code of a packed row holds, in stored order (code j of word i at
+    place PER i + j): int64 [in_features]."""
+    per = PER_WORD[bits]
+    span = group_size // per  # words in a group
+    place = np.arange(in_features)
+    word, j = place // per, place % per
+    return (word // span) * group_size + j * span + word % span
+
+
+def _raw_codes(qw: QuantizedWeight) -> np.ndarray:
+    """The stored codes as unsigned bytes in column order: uint8 [out, in] (nibbles as stored,
+    int8 codes as their two's complement)."""
+    data = np.ascontiguousarray(qw.data)
+    if qw.config.bits == 8:
+        return data.view(np.uint8)
+    return np.stack([data & 0x0F, data >> 4], axis=-1).reshape(data.shape[0], -1)[:, :qw.in_features]
 
 
 def pack_words(qw: QuantizedWeight) -> PackedWords:
     """The stored codes as words, and the scales, offsets and zero of the one formula."""
     config = qw.config
-    words = np.ascontiguousarray(qw.data).view("<i4").astype(np.int32)  # [out, in * bits / 32]
+    per = PER_WORD[config.bits]
+    out, span = qw.shape[0], qw.group_size // per  # span: words in a group
+    # column g G + j span + i -> code j of the group's word i: [out, groups, per, span] -> [.., span, per]
+    codes = _raw_codes(qw).reshape(out, -1, per, span).transpose(0, 1, 3, 2).reshape(out, -1, per)
+    words = np.zeros(codes.shape[:2], np.uint32)  # [out, words]
+    for j in range(per):
+        words |= codes[:, :, j].astype(np.uint32) << np.uint32(config.bits * j)
+    words = words.view(np.int32)
     offsets, zero = None, 0
     if config.bits == 4 and config.symmetric:
         zero = 8
@@ -81,10 +112,10 @@ def dequantize_words(packed: PackedWords) -> np.ndarray:
     shift = -np.float32(CODE_BASE[packed.bits] + packed.zero) * scale  # [out, groups]
     if packed.offsets is not None:
         shift = shift + packed.offsets.astype(np.float32)
-    columns = np.arange(row_words * per).reshape(row_words, per)  # column of code j of word i
-    group = columns // packed.group_size
+    held = columns(row_words * per, packed.bits, packed.group_size).reshape(row_words, per)  # code j of word i
+    group = held // packed.group_size
     weight = np.empty((out, row_words * per), np.float32)
     for j in range(per):
         g = group[:, j]
-        weight[:, columns[:, j]] = decode(packed.words, j, packed.bits) * scale[:, g] + shift[:, g]
+        weight[:, held[:, j]] = decode(packed.words, j, packed.bits) * scale[:, g] + shift[:, g]
     return weight

@@ -96,8 +96,8 @@ def quantized_matmul(x: Tensor, w: QuantWeight) -> Tensor:
         return torch.ops.tinyinfer.dequant_matmul_int4pack(x, w.packed, w.scales_and_zeros, w.group_size,
                                                            w.tile_map)
     if isinstance(w, KernelWeight):
-        xg, xsum = kernel_inputs(x, w.bits)
-        return torch.ops.tinyinfer.quant_matmul(xg, xsum, w.words, w.scales, w.offsets, w.bits,
+        xf, xsum = kernel_inputs(x, w.group_size)
+        return torch.ops.tinyinfer.quant_matmul(xf, xsum, w.words, w.scales, w.offsets, w.bits,
                                                 w.group_size, w.zero, x.dtype)
     on_cpu = x.device.type == "cpu"
     if isinstance(w, Int8Weight):
@@ -116,15 +116,12 @@ def quantized_matmul(x: Tensor, w: QuantWeight) -> Tensor:
     return F.linear(x, codes.to(scales.dtype) * scales + offsets)
 
 
-def kernel_inputs(x: Tensor, bits: int) -> tuple[Tensor, Tensor]:
-    """x as the Triton kernels read it, in float32: its columns regrouped by their place in a
-    32-bit word of codes, and per word the sum of the inputs its codes meet (the kernel folds
-    each group's offset in through them).  [T, in] -> [T, 32 / bits, in * bits / 32] with
-    out[t, j, i] = x[t, i * 32 / bits + j], and [T, in * bits / 32]. Inside a compiled function
-    this fuses into the kernel that made x."""
-    per = 32 // bits
-    words = x.float().reshape(x.shape[0], -1, per)  # [T, in / per, per]
-    return words.transpose(1, 2).contiguous(), words.sum(-1)
+def kernel_inputs(x: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+    """x as the Triton kernels read it: in float32, and each group's input sum (the kernel folds
+    the group's offset in through it).  [T, in] -> [T, in], [T, in / group_size]. Inside a
+    compiled function this fuses into the kernel that made x."""
+    xf = x.float()
+    return xf, xf.reshape(x.shape[0], -1, group_size).sum(-1)
 
 
 def unpack_int4(packed: Tensor, n: int) -> Tensor:
@@ -214,9 +211,14 @@ def embedding(table: Tensor | QuantWeight, token_ids: Tensor, dtype: torch.dtype
     if isinstance(table, Int8Weight):
         return (table.codes[token_ids].float() * table.scales[token_ids, None].float()).to(dtype)
     if isinstance(table, KernelWeight):
-        raw = table.words[token_ids].view(torch.uint8)  # the stored bytes of each row
+        raw = table.words[token_ids].view(torch.uint8)  # the packed bytes of each row
         n = raw.shape[1] * 8 // table.bits
-        codes = raw.view(torch.int8) if table.bits == 8 else unpack_int4(raw, n)
+        packed = raw.view(torch.int8) if table.bits == 8 else unpack_int4(raw, n)  # codes in packed order
+        per, group = 32 // table.bits, table.group_size
+        span = group // per  # words in a group (quant_words' layout)
+        column = torch.arange(n, device=raw.device)
+        within = column % group  # column c: code within // span of its group's word within % span
+        codes = packed[:, (column // group * span + within % span) * per + within // span]  # column order
         scales, offsets, zero, group = table.scales, table.offsets, table.zero, table.group_size
     elif isinstance(table, GroupWeight):
         n, zero, group = table.in_features, 0, table.group_size

@@ -113,10 +113,7 @@ def scale_shift(scales_ptr, offsets_ptr, rows, rows_ok, block, g, num_groups, BL
                 EVEN: tl.constexpr):
     """Each (row, group) of loop step ``block``: its scale and the shift that folds BASE, the zero
     point and the offset in (weight = (BASE + code) * scale + shift), float32 [BN, G]."""
-    if GROUP > 0:
-        group = block * BLOCK_K // GROUP + g  # [G]
-    else:
-        group = g  # [1], 0: one group per row (per-row int8)
+    group = step_groups(block, g, BLOCK_K, GROUP)
     at = rows[:, None] * num_groups + group[None, :]  # [BN, G]
     ok = rows_ok[:, None] & (group < num_groups)[None, :]
     scale = load(scales_ptr + at, ok, EVEN).to(tl.float32)
@@ -124,6 +121,30 @@ def scale_shift(scales_ptr, offsets_ptr, rows, rows_ok, block, g, num_groups, BL
     if HAS_OFFSETS:
         shift += load(offsets_ptr + at, ok, EVEN).to(tl.float32)
     return scale, shift
+
+
+@triton.jit
+def step_groups(block, g, BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
+    """The groups of loop step ``block``'s tile, [G]: GROUP 0 is one group per row (per-row int8)."""
+    if GROUP > 0:
+        return block * BLOCK_K // GROUP + g
+    return g
+
+
+@triton.jit
+def input_columns(block, g, w, BLOCK_WORDS: tl.constexpr, SPAN_WORDS: tl.constexpr, GROUP_WORDS: tl.constexpr,
+                  GROUP: tl.constexpr):
+    """The input column code 0 of each word of loop step ``block``'s [G, W] tile meets (code j
+    meets the column GROUP_WORDS * j further on: ``quant_words``' layout), and whether the step
+    holds the first words of its groups (a group wider than a step: only its first step does)."""
+    if GROUP == 0:  # one group per row, of GROUP_WORDS words: code 0 of word i meets input i
+        first = block * BLOCK_WORDS
+        return first + w[None, :], first == 0
+    elif SPAN_WORDS == GROUP_WORDS:  # whole groups in a step
+        return (block * (BLOCK_WORDS // SPAN_WORDS) + g[:, None]) * GROUP + w[None, :], True
+    else:  # one group over several steps
+        first = block * BLOCK_WORDS
+        return (first // GROUP_WORDS) * GROUP + first % GROUP_WORDS + w[None, :], first % GROUP_WORDS == 0
 
 
 @triton.jit
@@ -137,17 +158,17 @@ def _quant_matmul_kernel(
 ):
     """out[M, N] = x @ W^T, W [N, K] from packed codes. Programs: (N tiles, splits, M tiles).
 
-    x comes in float32 as [M, PER, K / PER], its columns regrouped by their place in a word
-    (x[m, j, i] is input column i * PER + j), so the inputs that meet code j of consecutive
-    words lie together; xsum [M, K / PER] holds, per word, the sum of the inputs its codes meet.
-
-    A loop step reads BLOCK_K inputs of BLOCK_N rows as a [BLOCK_N, GROUPS_PER_BLOCK,
-    SPAN_WORDS] tile of words: each (row, group) pair shares one scale and offset.
+    x [M, K] as it is (float32 from ``torch_layers.kernel_inputs``); xsum [M, groups] each
+    group's input sum, for the shift. A loop step reads BLOCK_K inputs of BLOCK_N rows as a
+    [BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS] tile of words: each (row, group) pair shares one
+    scale and shift, and code j of the SPAN_WORDS words of a group meets SPAN_WORDS contiguous
+    inputs (``quant_words``' layout).
     """
     PER: tl.constexpr = 32 // BITS
-    row_words = ROW_WORDS  # a constant: the inputs of code j sit at a fixed offset from code 0's
+    row_words = ROW_WORDS
     BASE: tl.constexpr = 128 if BITS == 4 else 384
     BLOCK_WORDS: tl.constexpr = BLOCK_K // PER
+    GROUP_WORDS: tl.constexpr = GROUP // PER if GROUP > 0 else ROW_WORDS
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -164,9 +185,9 @@ def _quant_matmul_kernel(
         row_at = words_ptr + n[:, None, None] * row_words  # [BN, 1, 1]
     if DOT:
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        flat = tl.arange(0, BLOCK_WORDS)  # the tile's words in (group, word) order
     else:
         acc = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS], tl.float32)  # one row of x: pid_m
+        acc_shift = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK], tl.float32)
     # The loop carries no loaded value from one step to the next, so Triton's pipeliner can issue
     # the loads of STAGES - 1 steps ahead into shared memory (the num_stages of tl.range is what
     # makes it stage loads that feed no tl.dot).
@@ -178,28 +199,32 @@ def _quant_matmul_kernel(
                           SPAN_WORDS, EVEN, TMA)
         scale, shift = scale_shift(scales_ptr, offsets_ptr, n, n_ok, block, g, num_groups, BLOCK_K, GROUP, BASE,
                                    ZERO, HAS_OFFSETS, EVEN)
+        col, starts = input_columns(block, g, w, BLOCK_WORDS, SPAN_WORDS, GROUP_WORDS, GROUP)  # [G, W]
         if DOT:
             # weight = (BASE + code) * scale + shift, rounded to x's dtype, through the matrix units
             for j in tl.static_range(PER):
                 weight = decode_words(words, code_mask, j, BITS) * scale[:, :, None] + shift[:, :, None]
-                kx = block * BLOCK_WORDS + flat  # [BLOCK_WORDS] words, code j of each
-                xt = tl.load(x_ptr + m[None, :] * K + j * row_words + kx[:, None],
-                             mask=m_ok[None, :] & (kx < row_words)[:, None], other=0.0)  # [BW, BM]
+                kx = tl.reshape(col + j * GROUP_WORDS, [BLOCK_WORDS])  # [BW] the inputs code j meets
+                ok = tl.reshape(k_ok, [BLOCK_WORDS])
+                xt = tl.load(x_ptr + m[None, :] * K + kx[:, None], mask=m_ok[None, :] & ok[:, None],
+                             other=0.0)  # [BW, BM]
                 tile = tl.reshape(weight, [BLOCK_N, BLOCK_WORDS]).to(out_ptr.dtype.element_ty)
                 if IEEE:
                     acc = tl.dot(tile, xt, acc, input_precision="ieee")
                 else:
                     acc = tl.dot(tile, xt.to(out_ptr.dtype.element_ty), acc)
         else:
-            # per word: (BASE + code) * x summed over its codes, then scale * that + shift *
-            # (its inputs' sum): a shift, a logic operation and a multiply-add per weight
-            row = x_ptr + pid_m * K + kw  # [G, W]
+            # per word: (BASE + code) * x summed over its codes, then scale * that (a shift, a
+            # logic operation and a multiply-add per weight); per group, shift * its inputs' sum
+            row = x_ptr + pid_m * K + col  # [G, W]
             part = decode_words(words, code_mask, 0, BITS) * load(row, k_ok, EVEN)[None, :, :]
             for j in tl.static_range(1, PER):
-                xj = load(row + j * row_words, k_ok, EVEN)  # [G, W]
+                xj = load(row + j * GROUP_WORDS, k_ok, EVEN)  # [G, W]
                 part += decode_words(words, code_mask, j, BITS) * xj[None, :, :]
-            xw = load(xsum_ptr + pid_m * row_words + kw, k_ok, EVEN)  # [G, W]
-            acc += part * scale[:, :, None] + shift[:, :, None] * xw[None, :, :]
+            acc += part * scale[:, :, None]
+            group = step_groups(block, g, BLOCK_K, GROUP)
+            xs = tl.load(xsum_ptr + pid_m * num_groups + group, mask=(group < num_groups) & starts, other=0.0)
+            acc_shift += shift * xs[None, :]
     if DOT:
         out_at = m[None, :] * N + n[:, None]  # [BN, BM]
         out_ok = n_ok[:, None] & m_ok[None, :]
@@ -207,7 +232,7 @@ def _quant_matmul_kernel(
     else:
         out_at = pid_m * N + n  # [BN]
         out_ok = n_ok
-        result = tl.sum(tl.sum(acc, axis=2), axis=1)
+        result = tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_shift, axis=1)
     if SPLIT_K == 1:
         tl.store(out_ptr + out_at, result.to(out_ptr.dtype.element_ty), mask=out_ok)
     else:
@@ -282,26 +307,27 @@ def tma_fits(words: Tensor) -> bool:
     return words.is_contiguous() and words.shape[1] % 4 == 0 and words.data_ptr() % 16 == 0
 
 
-def quant_matmul(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | None,
+def quant_matmul(x: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | None,
                  bits: int, group_size: int, zero: int, out_dtype: torch.dtype,
                  config: Config | None = None) -> Tensor:
-    """x W^T for W packed as ``torch_layers.KernelWeight``, x as ``torch_layers.kernel_inputs``.
+    """x W^T for W packed as ``torch_layers.KernelWeight``, x and xsum as
+    ``torch_layers.kernel_inputs`` gives them.
 
-    xg: float32 [M, PER, K / PER], xsum: float32 [M, K / PER]; words: int32 [N, K bits / 32];
+    x: float32 [M, K], xsum: float32 [M, groups]; words: int32 [N, K bits / 32];
     scales: float16 [N, groups]; offsets: None or [N, groups].  -> [M, N] in out_dtype.
     ``config`` overrides the tile choice (benchmarks sweep it).
     """
-    m, k = xg.shape[0], xg.shape[1] * xg.shape[2]
+    m, k = x.shape
     n = words.shape[0]
     if config is None:
-        processors, tma = device_traits(xg.device)
+        processors, tma = device_traits(x.device)
         config = pick_config(m, n, k, bits, processors, tma and tma_fits(words))
-    out = torch.empty((m, n), dtype=out_dtype, device=xg.device)
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     block_m = rows_per_tile(m, config)
     grid = (triton.cdiv(n, config.block_n), config.split_k, triton.cdiv(m, block_m))
     if config.split_k > 1:
-        partial = torch.empty((config.split_k, m, n), dtype=torch.float32, device=xg.device)
-        counters = split_counters(grid[0] * grid[2], xg.device)
+        partial = torch.empty((config.split_k, m, n), dtype=torch.float32, device=x.device)
+        counters = split_counters(grid[0] * grid[2], x.device)
     else:
         partial = counters = out  # unused
     # Inputs of one group inside a loop step; a row that is one group (per-row int8) is one
@@ -312,7 +338,7 @@ def quant_matmul(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offset
     if config.tma:  # [BLOCK_N, BLOCK_WORDS] tiles of the words, loaded by the copy engine
         words = TensorDescriptor.from_tensor(words, [config.block_n, config.block_k // PER_WORD[bits]])
     _quant_matmul_kernel[grid](
-        xg.contiguous(), xsum.contiguous(), words, scales, scales if offsets is None else offsets, out,
+        x.contiguous(), xsum.contiguous(), words, scales, scales if offsets is None else offsets, out,
         partial, counters, m, n, k, steps, CODE_MASK[bits], ROW_WORDS=k // PER_WORD[bits],
         INTERPRETED_STEPS=steps if INTERPRETED else 0, BITS=bits,
         GROUP=0 if group_size == k else group_size, ZERO=zero, HAS_OFFSETS=offsets is not None,
@@ -327,13 +353,13 @@ def quant_matmul(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offset
 
 
 @torch.library.custom_op("tinyinfer::quant_matmul", mutates_args=())
-def quant_matmul_op(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | None,
+def quant_matmul_op(x: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | None,
                     bits: int, group_size: int, zero: int, out_dtype: torch.dtype) -> Tensor:
     """``quant_matmul`` as an operator: torch.compile calls it as it is, without tracing into it."""
-    return quant_matmul(xg, xsum, words, scales, offsets, bits, group_size, zero, out_dtype)
+    return quant_matmul(x, xsum, words, scales, offsets, bits, group_size, zero, out_dtype)
 
 
 @quant_matmul_op.register_fake
-def _(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | None, bits: int,
+def _(x: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | None, bits: int,
       group_size: int, zero: int, out_dtype: torch.dtype) -> Tensor:
-    return xg.new_empty((xg.shape[0], words.shape[0]), dtype=out_dtype)
+    return x.new_empty((x.shape[0], words.shape[0]), dtype=out_dtype)

@@ -49,9 +49,11 @@ SHAPES = {  # one layer's products and the LM head, [out, in]
                      "head": (128256, 2048)},
 }
 LAYER = ("qkv", "o", "gate_up", "down")
-TILES = {  # (block_n, block_k, num_warps, num_stages) of a one-row product beside its default, per bits
-    4: [(8, 512, 2, 3), (16, 512, 2, 3), (32, 512, 2, 3), (16, 1024, 2, 3), (32, 512, 4, 4), (64, 256, 4, 4)],
-    8: [(8, 256, 2, 4), (16, 256, 2, 4), (32, 256, 2, 4), (16, 512, 2, 4), (32, 256, 4, 5)],
+TILES = {  # (block_n, block_k, num_warps, num_stages) of a one-row product beside its default, per (fused, bits)
+    (False, 4): [(16, 512, 2, 3), (32, 512, 2, 3)],
+    (False, 8): [(8, 256, 2, 4), (16, 512, 2, 4)],
+    (True, 4): [(16, 512, 2, 3), (32, 512, 2, 3), (32, 1024, 2, 3), (64, 256, 4, 4)],
+    (True, 8): [(16, 256, 2, 4), (32, 256, 2, 4), (32, 512, 2, 4)],
 }
 NORMED = ("qkv", "gate_up", "head")  # the products with a norm in their prologue (whole rows: no split K)
 EPS = 1e-5
@@ -167,7 +169,7 @@ def product_call(kind: str, x: torch.Tensor, r: torch.Tensor, norm: torch.Tensor
 
     if not fused:
         w0 = weights[0]
-        xf, xsum = L.kernel_inputs(x, w0.group_size)
+        xf, xsum = L.kernel_inputs(x, w0.bits, w0.group_size)
         return lambda i: qk.quant_matmul(xf, xsum, weights[i].words, weights[i].scales, weights[i].offsets,
                                          w0.bits, w0.group_size, w0.zero, torch.bfloat16, config)
     total = torch.empty_like(x)
@@ -198,7 +200,7 @@ def product_configs(fmt: str, shape: tuple[int, int], kind: str, device: torch.d
     else:
         configs = {"default": qk.pick_config(1, n, k, bits, processors, tma)}
     if tiles:
-        for block_n, block_k, warps, stages in TILES[bits]:
+        for block_n, block_k, warps, stages in TILES[fused, bits]:
             base = qk.Config(block_n, block_k, num_warps=warps, num_stages=stages, tma=tma)
             configs[f"{block_n}x{block_k} w{warps} s{stages}"] = (
                 base if whole else qk.with_split(base, 1, n, k, processors, 1))
@@ -260,7 +262,9 @@ def tile_timings(device: torch.device, gen: torch.Generator, shapes: list[str], 
                     row["best"] = best
                     key = f"{fmt} {shape} {kind} {'fused' if fused else 'unfused'}"
                     report[key] = row
-                    log(f"{key} {size}: default {row['default'].get('us', row['default'])} us, best {best}")
+                    log(f"{key} {size}: " + ", ".join(
+                        f"{name} {v['us']:.1f}" if "us" in v else f"{name} {v.get('error', '')[:60]}"
+                        for name, v in row.items() if isinstance(v, dict)) + f"; best {best}")
                 del ws
                 torch.cuda.empty_cache()
     return report

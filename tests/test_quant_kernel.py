@@ -55,10 +55,10 @@ def test_the_kernels_arithmetic_is_the_reference_dequantize(fmt):
     qw = weight(fmt, (40, 512))
     packed = quant_words.pack_words(qw)
     assert packed.words.shape == (40, 512 * qw.config.bits // 32)
-    span = qw.group_size * qw.config.bits // 32  # words in a group: code 3 of word i meets column 3 span + i
-    columns = np.arange(512 * qw.config.bits // 32)
+    span = qw.group_size * qw.config.bits // 32  # W, words in a group: code 3 of word i meets 2 W + 2 i + 1
+    words = np.arange(512 * qw.config.bits // 32)
     np.testing.assert_array_equal(quant_words.decode(packed.words, 3, packed.bits) - quant_words.CODE_BASE[packed.bits],
-                                  stored_codes(qw)[:, columns // span * qw.group_size + 3 * span + columns % span])
+                                  stored_codes(qw)[:, words // span * qw.group_size + 2 * span + 2 * (words % span) + 1])
     ours, ref = quant_words.dequantize_words(packed), dequantize(qw)
     if qw.config.minimum:
         np.testing.assert_allclose(ours, ref, rtol=0, atol=2 ** -16 * float(np.abs(qw.scales).max()) * 256)
@@ -80,20 +80,25 @@ def test_shapes_the_kernels_do_not_take_keep_torch_paths():
     assert not quant_words.fits(weight("int4-g32", (8, 100)))
 
 
-def test_the_layout_puts_a_words_codes_in_one_group_and_each_code_on_a_contiguous_run_of_inputs():
-    """Code j of word i of a group of G inputs holds the group's column j G / PER + i."""
-    assert quant_words.columns(64, 4, 32).tolist()[:16] == [0, 4, 8, 12, 16, 20, 24, 28,
-                                                           1, 5, 9, 13, 17, 21, 25, 29]
-    assert quant_words.columns(64, 4, 32)[32:40].tolist() == [32 + 4 * j for j in range(8)]
-    assert quant_words.columns(12, 8, 12).tolist() == [0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11]  # per-row int8
+def test_the_layout_puts_a_words_codes_in_one_group_and_each_pair_on_a_contiguous_run_of_inputs():
+    """Codes 2q and 2q + 1 of word i of a group of G = PER W inputs hold the group's columns
+    2 W q + 2 i and the next."""
+    assert quant_words.columns(64, 4, 32).tolist()[:16] == [0, 1, 8, 9, 16, 17, 24, 25,
+                                                           2, 3, 10, 11, 18, 19, 26, 27]
+    assert quant_words.columns(64, 4, 32)[32:40].tolist() == [32 + c for c in (0, 1, 8, 9, 16, 17, 24, 25)]
+    assert quant_words.columns(12, 8, 12).tolist() == [0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11]  # per-row int8
     for bits, group in ((4, 32), (4, 128), (8, 32), (8, 96)):
         assert sorted(quant_words.columns(384, bits, group)) == list(range(384))
 
 
-def test_kernel_inputs_are_x_in_float32_and_each_groups_input_sum():
+def test_kernel_inputs_regroup_each_group_code_by_code_and_sum_each_groups_inputs():
     x = torch.arange(2 * 16, dtype=torch.bfloat16).view(2, 16)
-    xf, sums = layers.kernel_inputs(x, 8)
-    assert xf.dtype == torch.float32 and torch.equal(xf, x.float())
+    xf, sums = layers.kernel_inputs(x, 8, 8)  # groups of two words: code j of word i meets 2 (j // 2) + i
+    assert xf.dtype == torch.float32
+    assert xf[0, :8].tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
+    held = quant_words.columns(16, 8, 8).reshape(-1, 4)  # [word, code]
+    for j in range(4):  # code j of word i meets xf[group start + 2 j + i]
+        assert xf[1, [w // 2 * 8 + 2 * j + w % 2 for w in range(4)]].tolist() == (x[1, held[:, j]]).float().tolist()
     assert sums.tolist() == [[float(sum(range(8))), float(sum(range(8, 16)))],
                              [float(sum(range(16, 24))), float(sum(range(24, 32)))]]
 
@@ -134,7 +139,7 @@ for fmt, shape in [("int4-g32", (24, 128)), ("int4-g64-asym", (40, 256)), ("int4
         for config in configs:
             if rows > 3 and not config.dot:  # elementwise: a program per row
                 continue
-            xf, xsum = layers.kernel_inputs(torch.from_numpy(x), w.group_size)
+            xf, xsum = layers.kernel_inputs(torch.from_numpy(x), w.bits, w.group_size)
             y = qk.quant_matmul(xf, xsum, w.words, w.scales, w.offsets, w.bits, w.group_size, w.zero,
                                 torch.float32, config).numpy()
             err = np.abs(y - ref).max() / np.abs(ref).max()

@@ -4,12 +4,15 @@
 says what it reads and what it computes, so tests run on any machine:
 
 * **Words, one group at a time.** A row's codes are packed into little-endian 32-bit words of
-  eight int4 nibbles or four int8 bytes, group by group: a group of G inputs is G / PER words,
-  and code j of its word i (bits 4j or 8j) is the group's column j * G / PER + i (per-row int8:
-  the row is one group). So every code of a word shares one scale and offset, and code j of a
-  group's consecutive words meets a *contiguous* run of inputs: a kernel reads x as it is, in
-  plain slices, with no regrouping (the stored checkpoint keeps the usual order, even column
-  first; ``pack_words`` reorders at load and ``columns`` says where each code went).
+  eight int4 nibbles or four int8 bytes, group by group: a group of G inputs is W = G / PER
+  words, and codes 2q and 2q + 1 of its word i (bits 4j or 8j for code j) are the group's
+  columns 2W q + 2i and 2W q + 2i + 1 (per-row int8: the row is one group). So every code of a
+  word shares one scale and offset, and the pairs q of a group's consecutive words meet a
+  *contiguous* run of inputs: a 16-bit x is read as it is, one 32-bit load per word and pair
+  (two inputs), which Triton's pipeliner stages ahead of use (it stages no 2-byte loads); a
+  float32 x regrouped code by code (``torch_layers.kernel_inputs``) is read in contiguous
+  slices. The stored checkpoint keeps the usual order, even column first; ``pack_words``
+  reorders at load and ``columns`` says where each code went.
 * **Every format as one formula.** ``weight = (code - zero) * scale + offset`` per (row, group):
   zero is 8 for symmetric int4 (nibbles hold code + 8), else 0; offsets exist only for the
   asymmetric and minimum formats (float16 where that is exact, else float32).
@@ -53,13 +56,13 @@ def fits(qw: QuantizedWeight) -> bool:
 
 
 def columns(in_features: int, bits: int, group_size: int) -> np.ndarray:
-    """The input column each code of a packed row holds, in stored order (code j of word i at
+    """The input column each code of a packed row holds, in packed order (code j of word i at
     place PER i + j): int64 [in_features]."""
     per = PER_WORD[bits]
-    span = group_size // per  # words in a group
+    span = group_size // per  # W: words in a group
     place = np.arange(in_features)
     word, j = place // per, place % per
-    return (word // span) * group_size + j * span + word % span
+    return (word // span) * group_size + (j // 2) * 2 * span + 2 * (word % span) + j % 2
 
 
 def _raw_codes(qw: QuantizedWeight) -> np.ndarray:
@@ -76,8 +79,9 @@ def pack_words(qw: QuantizedWeight) -> PackedWords:
     config = qw.config
     per = PER_WORD[config.bits]
     out, span = qw.shape[0], qw.group_size // per  # span: words in a group
-    # column g G + j span + i -> code j of the group's word i: [out, groups, per, span] -> [.., span, per]
-    codes = _raw_codes(qw).reshape(out, -1, per, span).transpose(0, 1, 3, 2).reshape(out, -1, per)
+    # column g G + 2 span q + 2 i + r -> code 2q + r of the group's word i:
+    # [out, groups, per / 2, span, 2] -> [out, groups, span, per / 2, 2]
+    codes = _raw_codes(qw).reshape(out, -1, per // 2, span, 2).transpose(0, 1, 3, 2, 4).reshape(out, -1, per)
     words = np.zeros(codes.shape[:2], np.uint32)  # [out, words]
     for j in range(per):
         words |= codes[:, :, j].astype(np.uint32) << np.uint32(config.bits * j)

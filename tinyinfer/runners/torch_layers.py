@@ -96,7 +96,7 @@ def quantized_matmul(x: Tensor, w: QuantWeight) -> Tensor:
         return torch.ops.tinyinfer.dequant_matmul_int4pack(x, w.packed, w.scales_and_zeros, w.group_size,
                                                            w.tile_map)
     if isinstance(w, KernelWeight):
-        xf, xsum = kernel_inputs(x, w.group_size)
+        xf, xsum = kernel_inputs(x, w.bits, w.group_size)
         return torch.ops.tinyinfer.quant_matmul(xf, xsum, w.words, w.scales, w.offsets, w.bits,
                                                 w.group_size, w.zero, x.dtype)
     on_cpu = x.device.type == "cpu"
@@ -116,12 +116,17 @@ def quantized_matmul(x: Tensor, w: QuantWeight) -> Tensor:
     return F.linear(x, codes.to(scales.dtype) * scales + offsets)
 
 
-def kernel_inputs(x: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
-    """x as the Triton kernels read it: in float32, and each group's input sum (the kernel folds
-    the group's offset in through it).  [T, in] -> [T, in], [T, in / group_size]. Inside a
-    compiled function this fuses into the kernel that made x."""
-    xf = x.float()
-    return xf, xf.reshape(x.shape[0], -1, group_size).sum(-1)
+def kernel_inputs(x: Tensor, bits: int, group_size: int) -> tuple[Tensor, Tensor]:
+    """x as the Triton kernels' unfused products read it: in float32, each group's columns
+    regrouped code by code (``quant_words``' layout: code j of the group's W words meets W
+    consecutive inputs there), and each group's input sum (the kernel folds the group's offset
+    in through it).  [T, in] -> [T, in], [T, in / group_size]. Inside a compiled function this
+    fuses into the kernel that made x."""
+    t, n = x.shape
+    words = group_size * bits // 32  # W: words in a group
+    # column g G + 2 W q + 2 i + r (code 2q + r of word i) -> g G + W (2q + r) + i
+    xf = x.float().reshape(t, n // group_size, -1, words, 2).transpose(-1, -2).reshape(t, n)
+    return xf, xf.reshape(t, -1, group_size).sum(-1)
 
 
 def unpack_int4(packed: Tensor, n: int) -> Tensor:
@@ -217,8 +222,9 @@ def embedding(table: Tensor | QuantWeight, token_ids: Tensor, dtype: torch.dtype
         per, group = 32 // table.bits, table.group_size
         span = group // per  # words in a group (quant_words' layout)
         column = torch.arange(n, device=raw.device)
-        within = column % group  # column c: code within // span of its group's word within % span
-        codes = packed[:, (column // group * span + within % span) * per + within // span]  # column order
+        pair, within = column % group // (2 * span), column % (2 * span)  # code 2 pair + within % 2 ...
+        word = column // group * span + within // 2  # ... of this word
+        codes = packed[:, word * per + 2 * pair + within % 2]  # column order
         scales, offsets, zero, group = table.scales, table.offsets, table.zero, table.group_size
     elif isinstance(table, GroupWeight):
         n, zero, group = table.in_features, 0, table.group_size

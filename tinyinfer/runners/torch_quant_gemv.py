@@ -45,7 +45,7 @@ from tinyinfer.runners.torch_quant_kernel import (
     Config,
     decode_words,
     device_traits,
-    input_columns,
+    group_words,
     scale_shift,
     tma_fits,
     with_split,
@@ -82,26 +82,73 @@ def _input(x_row, res_row, sum_row, norm_ptr, k, k_ok, writer, dtype, NORM: tl.c
 
 
 @triton.jit
+def _halves(pair, dtype):
+    """The two 16-bit floats of 32-bit words (the even input low), as float32."""
+    if dtype == tl.bfloat16:  # a bf16 is the top half of the float32 it stands for
+        low = (pair << 16).to(tl.float32, bitcast=True)
+        high = (pair & -65536).to(tl.float32, bitcast=True)
+    else:
+        low = (pair & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+        high = (pair >> 16).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+    return low, high
+
+
+@triton.jit
+def _input_pair(x_row, res_row, sum_row, norm_ptr, k2, k_ok, writer, dtype, NORM: tl.constexpr,
+                ADD_RES: tl.constexpr, EVEN: tl.constexpr):
+    """``_input`` for inputs 2 k2 and 2 k2 + 1 of a row in a 16-bit dtype, the row's pointers
+    taken as 32-bit words: one 4-byte load a pair, which Triton's pipeliner can copy into shared
+    memory ahead of use (it copies no 2-byte loads)."""
+    low, high = _halves(load(x_row + k2, k_ok, EVEN), dtype)
+    if ADD_RES:
+        res_low, res_high = _halves(load(res_row + k2, k_ok, EVEN), dtype)
+        low = (low + res_low).to(dtype)
+        high = (high + res_high).to(dtype)
+        both = ((low.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF)
+                | (high.to(tl.int16, bitcast=True).to(tl.int32) << 16))
+        tl.store(sum_row + k2, both, mask=k_ok & writer)
+        low = low.to(tl.float32)
+        high = high.to(tl.float32)
+    squares = 0.0
+    if NORM:
+        squares = low * low + high * high
+        norm_low, norm_high = _halves(load(norm_ptr + k2, k_ok, EVEN), dtype)
+        low *= norm_low
+        high *= norm_high
+    return low, high, squares
+
+
+@triton.jit
 def _step(acc, acc_u, acc_shift, acc_shift_u, squares, words, words_u, scale, shift, scale_u, shift_u, x_row,
-          res_row, sum_row, norm_ptr, col, k_ok, writer, code_mask, dtype, BITS: tl.constexpr,
+          res_row, sum_row, norm_ptr, base, place, k_ok, writer, code_mask, dtype, BITS: tl.constexpr,
           GROUP_WORDS: tl.constexpr, NORM: tl.constexpr, ADD_RES: tl.constexpr, GATED: tl.constexpr,
-          EVEN: tl.constexpr):
+          EVEN: tl.constexpr, PAIRS: tl.constexpr):
     """One loop step: per word, sum (BASE + code) * input over its codes and add scale * that to
     the word's accumulator; per group, shift * (the step's inputs' sum) (gate and up rows:
-    GATED); and the inputs' squares (NORM). Code j of the words of ``col`` [G, W] meets the
-    contiguous inputs col + GROUP_WORDS * j (``quant_words``' layout)."""
+    GATED); and the inputs' squares (NORM). Codes 2q and 2q + 1 of the word at ``place`` [G, W]
+    in a group whose first input is ``base`` [G, 1] meet inputs base + 2 GROUP_WORDS q + 2 place
+    and the next (``quant_words``' layout); PAIRS: the row pointers are 32-bit words of two
+    16-bit inputs, so a pair is one load."""
     PER: tl.constexpr = 32 // BITS
     part = tl.zeros_like(acc)
     part_u = part
     xw = tl.zeros_like(squares)
-    for j in tl.static_range(PER):
-        xj, sq = _input(x_row, res_row, sum_row, norm_ptr, col + j * GROUP_WORDS, k_ok, writer, dtype, NORM,
-                        ADD_RES, EVEN)
-        xw += xj
+    for q in tl.static_range(PER // 2):
+        if PAIRS:
+            low, high, sq = _input_pair(x_row, res_row, sum_row, norm_ptr, base // 2 + q * GROUP_WORDS + place,
+                                        k_ok, writer, dtype, NORM, ADD_RES, EVEN)
+        else:
+            at = base + 2 * q * GROUP_WORDS + 2 * place
+            low, sq_low = _input(x_row, res_row, sum_row, norm_ptr, at, k_ok, writer, dtype, NORM, ADD_RES, EVEN)
+            high, sq = _input(x_row, res_row, sum_row, norm_ptr, at + 1, k_ok, writer, dtype, NORM, ADD_RES, EVEN)
+            sq += sq_low
+        xw += low + high
         squares += sq
-        part += decode_words(words, code_mask, j, BITS) * xj[None, :, :]
+        part += decode_words(words, code_mask, 2 * q, BITS) * low[None, :, :]
+        part += decode_words(words, code_mask, 2 * q + 1, BITS) * high[None, :, :]
         if GATED:
-            part_u += decode_words(words_u, code_mask, j, BITS) * xj[None, :, :]
+            part_u += decode_words(words_u, code_mask, 2 * q, BITS) * low[None, :, :]
+            part_u += decode_words(words_u, code_mask, 2 * q + 1, BITS) * high[None, :, :]
     xs = tl.sum(xw, axis=1)  # [G] each group's inputs in this step
     acc += part * scale[:, :, None]
     acc_shift += shift * xs[None, :]
@@ -140,7 +187,7 @@ def _fused_quant_kernel(
     NORM: tl.constexpr, ADD_RES: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
     ADD_OUT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, INTERPRETED_STEPS: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr,
-    TMA: tl.constexpr, PDL: tl.constexpr,
+    TMA: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr,
 ):
     """out[m, n] = epilogue(sum_k W[n, k] prologue(x[m])[k]), W [N (2N: GATED), K] from packed
     codes. Programs: (N tiles, splits, rows). Prologue and epilogue as ``torch_triton_gemv``'s."""
@@ -172,19 +219,28 @@ def _fused_quant_kernel(
         BLOCK_K, GROUPS_PER_BLOCK, SPAN_WORDS, GROUP, BASE, ZERO, HAS_OFFSETS, GATED, EVEN, TMA)
     if PDL:
         gdc_wait()
-    x_row = x_ptr + m * K
-    res_row = res_ptr + m * K
-    sum_row = sum_ptr + m * K
+    if PAIRS:  # the rows read and written as 32-bit words, two inputs each
+        width = K // 2
+        x_row = x_ptr.to(tl.pointer_type(tl.int32)) + m * width
+        res_row = res_ptr.to(tl.pointer_type(tl.int32)) + m * width
+        sum_row = sum_ptr.to(tl.pointer_type(tl.int32)) + m * width
+        norm_row = norm_ptr.to(tl.pointer_type(tl.int32))
+    else:
+        x_row = x_ptr + m * K
+        res_row = res_ptr + m * K
+        sum_row = sum_ptr + m * K
+        norm_row = norm_ptr
     writer = pid_n == 0  # the program that stores the residual sum
     acc = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS], tl.float32)
     acc_u = acc
     acc_shift = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK], tl.float32)
     acc_shift_u = acc_shift
     squares = tl.zeros([GROUPS_PER_BLOCK, SPAN_WORDS], tl.float32)
-    col, _ = input_columns(first, g, w, BLOCK_WORDS, SPAN_WORDS, GROUP_WORDS, GROUP)
+    base, place, _ = group_words(first, g, w, BLOCK_WORDS, SPAN_WORDS, GROUP_WORDS, GROUP)
     acc, acc_u, acc_shift, acc_shift_u, squares = _step(
         acc, acc_u, acc_shift, acc_shift_u, squares, words, words_u, scale, shift, scale_u, shift_u, x_row, res_row,
-        sum_row, norm_ptr, col, k_ok, writer, code_mask, dtype, BITS, GROUP_WORDS, NORM, ADD_RES, GATED, EVEN)
+        sum_row, norm_row, base, place, k_ok, writer, code_mask, dtype, BITS, GROUP_WORDS, NORM, ADD_RES, GATED,
+        EVEN, PAIRS)
     # The loop carries no loaded value from one step to the next: Triton's pipeliner issues the
     # loads of the next STAGES - 1 steps while this one computes.
     for step in tl.range(1, trip_count(steps, INTERPRETED_STEPS), num_stages=STAGES):
@@ -194,11 +250,11 @@ def _fused_quant_kernel(
         words, words_u, scale, shift, scale_u, shift_u = _tiles(
             words_ptr, scales_ptr, offsets_ptr, row_at, up_at, n, n_ok, N, block, g, kw, k_ok, num_groups,
             BLOCK_N, BLOCK_K, GROUPS_PER_BLOCK, SPAN_WORDS, GROUP, BASE, ZERO, HAS_OFFSETS, GATED, EVEN, TMA)
-        col, _ = input_columns(block, g, w, BLOCK_WORDS, SPAN_WORDS, GROUP_WORDS, GROUP)
+        base, place, _ = group_words(block, g, w, BLOCK_WORDS, SPAN_WORDS, GROUP_WORDS, GROUP)
         acc, acc_u, acc_shift, acc_shift_u, squares = _step(
             acc, acc_u, acc_shift, acc_shift_u, squares, words, words_u, scale, shift, scale_u, shift_u, x_row,
-            res_row, sum_row, norm_ptr, col, k_ok, writer, code_mask, dtype, BITS, GROUP_WORDS, NORM, ADD_RES,
-            GATED, EVEN)
+            res_row, sum_row, norm_row, base, place, k_ok, writer, code_mask, dtype, BITS, GROUP_WORDS, NORM,
+            ADD_RES, GATED, EVEN, PAIRS)
     if PDL:  # the next kernel may launch now: its first words load under this tail
         gdc_launch_dependents()
     gate = tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_shift, axis=1)
@@ -215,11 +271,12 @@ def _fused_quant_kernel(
 
 
 def pick_config(n: int, k: int, bits: int, processors: int, tma: bool = False, norm: bool = False) -> Config:
-    """The one-row program's tiles: BLOCK_N rows by 512 (int4) or 256 (int8) inputs a step on
-    two warps, 3 (int4) or 4 (int8) steps in flight; K split only while the output tiles leave
-    multiprocessors idle, and never under a norm (each program sums the whole row's squares).
+    """The one-row program's tiles: BLOCK_N rows by 1024 (int4) or 512 (int8) inputs a step on
+    two warps, 3 (int4) or 4 (int8) steps in flight (long steps: each step's input work and waits
+    spread over more weights); K split only while the output tiles leave multiprocessors idle,
+    and never under a norm (each program sums the whole row's squares).
     n: outputs (a gated product's programs read two rows of each)."""
-    config = Config(BLOCK_N, 512 if bits == 4 else 256, num_warps=2, num_stages=3 if bits == 4 else 4, tma=tma)
+    config = Config(BLOCK_N, 1024 if bits == 4 else 512, num_warps=2, num_stages=3 if bits == 4 else 4, tma=tma)
     return config if norm else with_split(config, 1, n, k, processors, programs_per_processor=1)
 
 
@@ -264,7 +321,7 @@ def fused_gemv(x: Tensor, weight: KernelWeight, bias: Tensor | None = None, *, n
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
         INTERPRETED_STEPS=steps if INTERPRETED else 0,
         EVEN=n % config.block_n == 0 and k % config.block_k == 0 and blocks % config.split_k == 0,
-        STAGES=config.num_stages, TMA=config.tma, PDL=pdl,
+        STAGES=config.num_stages, TMA=config.tma, PDL=pdl, PAIRS=x.element_size() == 2,
         num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
     )
     return out

@@ -132,19 +132,21 @@ def step_groups(block, g, BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
 
 
 @triton.jit
-def input_columns(block, g, w, BLOCK_WORDS: tl.constexpr, SPAN_WORDS: tl.constexpr, GROUP_WORDS: tl.constexpr,
-                  GROUP: tl.constexpr):
-    """The input column code 0 of each word of loop step ``block``'s [G, W] tile meets (code j
-    meets the column GROUP_WORDS * j further on: ``quant_words``' layout), and whether the step
-    holds the first words of its groups (a group wider than a step: only its first step does)."""
-    if GROUP == 0:  # one group per row, of GROUP_WORDS words: code 0 of word i meets input i
+def group_words(block, g, w, BLOCK_WORDS: tl.constexpr, SPAN_WORDS: tl.constexpr, GROUP_WORDS: tl.constexpr,
+                GROUP: tl.constexpr):
+    """Where loop step ``block``'s [G, W] tile of words lies in its groups: each group's first
+    input column [G, 1], each word's place in its group [G, W] (``quant_words``' layout), and
+    whether the step holds the first words of its groups (a group wider than a step: only its
+    first step does)."""
+    if GROUP == 0:  # one group per row, of GROUP_WORDS words
         first = block * BLOCK_WORDS
-        return first + w[None, :], first == 0
+        return g[:, None] * 0, first + w[None, :] + g[:, None] * 0, first == 0
     elif SPAN_WORDS == GROUP_WORDS:  # whole groups in a step
-        return (block * (BLOCK_WORDS // SPAN_WORDS) + g[:, None]) * GROUP + w[None, :], True
+        return (block * (BLOCK_WORDS // SPAN_WORDS) + g[:, None]) * GROUP, w[None, :] + g[:, None] * 0, True
     else:  # one group over several steps
         first = block * BLOCK_WORDS
-        return (first // GROUP_WORDS) * GROUP + first % GROUP_WORDS + w[None, :], first % GROUP_WORDS == 0
+        return (first // GROUP_WORDS) * GROUP + g[:, None] * 0, first % GROUP_WORDS + w[None, :] + g[:, None] * 0, \
+            first % GROUP_WORDS == 0
 
 
 @triton.jit
@@ -158,11 +160,11 @@ def _quant_matmul_kernel(
 ):
     """out[M, N] = x @ W^T, W [N, K] from packed codes. Programs: (N tiles, splits, M tiles).
 
-    x [M, K] as it is (float32 from ``torch_layers.kernel_inputs``); xsum [M, groups] each
-    group's input sum, for the shift. A loop step reads BLOCK_K inputs of BLOCK_N rows as a
-    [BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS] tile of words: each (row, group) pair shares one
-    scale and shift, and code j of the SPAN_WORDS words of a group meets SPAN_WORDS contiguous
-    inputs (``quant_words``' layout).
+    x [M, K] in float32, each group regrouped code by code, and xsum [M, groups] each group's
+    input sum, for the shift (``torch_layers.kernel_inputs``): code j of a group's word i meets
+    x[group's first column + GROUP_WORDS j + i]. A loop step reads BLOCK_K inputs of BLOCK_N
+    rows as a [BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS] tile of words: each (row, group) pair
+    shares one scale and shift.
     """
     PER: tl.constexpr = 32 // BITS
     row_words = ROW_WORDS
@@ -199,7 +201,8 @@ def _quant_matmul_kernel(
                           SPAN_WORDS, EVEN, TMA)
         scale, shift = scale_shift(scales_ptr, offsets_ptr, n, n_ok, block, g, num_groups, BLOCK_K, GROUP, BASE,
                                    ZERO, HAS_OFFSETS, EVEN)
-        col, starts = input_columns(block, g, w, BLOCK_WORDS, SPAN_WORDS, GROUP_WORDS, GROUP)  # [G, W]
+        base, place, starts = group_words(block, g, w, BLOCK_WORDS, SPAN_WORDS, GROUP_WORDS, GROUP)
+        col = base + place  # [G, W] the input code 0 of each word meets
         if DOT:
             # weight = (BASE + code) * scale + shift, rounded to x's dtype, through the matrix units
             for j in tl.static_range(PER):
@@ -252,19 +255,33 @@ def _quant_matmul_kernel(
 def pick_config(m: int, n: int, k: int, bits: int, processors: int, tma: bool = False) -> Config:
     """Tiles for an [m, k] x [k, n] product, as measured fastest on an H100 (docs/quantization.md,
     ``scripts/gpu_quant_kernels.py --candidates``; ``tma``: the words may come through tensor
-    descriptors). One row (two for int4): the elementwise program, 8 weight rows by 512 (int4) or
-    256 (int8) inputs a step on two warps, 3 (int4) or 4 (int8) steps in flight, K split only
-    while the tiles leave multiprocessors idle. 3..16 rows: the matrix units, 64 weight rows by
+    descriptors). One row (two for int4): the elementwise program (``one_row_config``), K split
+    only while the tiles leave multiprocessors idle. 3..16 rows: the matrix units, 64 weight rows by
     256 (int4) or 128 (int8) inputs, split K to about four programs per multiprocessor. More rows
     (prefill chunks): 64 x 128 tiles, whose float32 inputs fit shared memory three steps deep."""
     if m <= ELEMENTWISE_ROWS[bits]:
-        config = Config(8, 512 if bits == 4 else 256, num_warps=2, num_stages=3 if bits == 4 else 4, tma=tma)
-        return with_split(config, m, n, k, processors, programs_per_processor=1)
+        return with_split(one_row_config(n, k, bits, tma), m, n, k, processors, programs_per_processor=1)
     if m <= 16:
         config = Config(64, 256 if bits == 4 else 128, num_stages=3, dot=True, tma=tma)
     else:
         config = Config(64, 128, num_stages=3, dot=True, tma=tma)
     return with_split(config, m, n, k, processors)
+
+
+def one_row_config(n: int, k: int, bits: int, tma: bool) -> Config:
+    """The elementwise program's tiles for an [n, k] weight, measured fastest on an H100 at the
+    1B and 8B shapes (docs/quantization.md): two warps; int4 3 steps in flight, int8 4. More weight
+    rows a program where there are many outputs (each program's per-step work, its loads and
+    their waits, spread over more weights: 16 x 512 int4 at 8B gate|up 27.7 against 31.2 us, the
+    head 98.2 against 121.9), 64 x 256 on four warps, split, for the long rows of an 8B down
+    product (17.1 against 19.6 us), 32 x 512 for shorter ones; else 8 rows."""
+    if bits == 8:
+        return Config(16 if n >= 8192 else 8, 512 if n >= 8192 else 256, num_warps=2, num_stages=4, tma=tma)
+    if k >= 2 * n and k >= 12288:
+        return Config(64, 256, num_warps=4, num_stages=4, tma=tma)
+    if k >= 2 * n:
+        return Config(32, 512, num_warps=2, num_stages=3, tma=tma)
+    return Config(16 if n >= 8192 else 8, 512, num_warps=2, num_stages=3, tma=tma)
 
 
 def with_split(config: Config, m: int, n: int, k: int, processors: int,

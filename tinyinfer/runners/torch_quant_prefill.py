@@ -50,8 +50,8 @@ def _dequantize_words_kernel(words_ptr, scales_ptr, offsets_ptr, out_ptr, first_
                              BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
     """out[n, :] = weight row first_row + n, for n < rows: a [BLOCK_N, BLOCK_W words] tile each.
 
-    Code j of word w is column (w // SPAN) * GROUP + j * SPAN + w % SPAN (``quant_words``' layout,
-    SPAN words to a group); GROUP 0 means one group per row (per-row int8).
+    Code j of word w is column (w // SPAN) GROUP + 2 SPAN (j // 2) + 2 (w % SPAN) + j % 2
+    (``quant_words``' layout, SPAN words to a group); GROUP 0 means one group per row (per-row int8).
     """
     PER: tl.constexpr = 32 // BITS
     K: tl.constexpr = ROW_WORDS * PER
@@ -68,10 +68,10 @@ def _dequantize_words_kernel(words_ptr, scales_ptr, offsets_ptr, out_ptr, first_
         codes = (words[:, :, None] >> (4 * j)[None, None, :]) & 0xF
     if GROUP > 0:
         SPAN: tl.constexpr = GROUP // PER
-        col = (w // SPAN * GROUP + w % SPAN)[:, None] + (j * SPAN)[None, :]  # [BW, PER]
+        col = (w // SPAN * GROUP + 2 * (w % SPAN))[:, None] + (j // 2 * 2 * SPAN + j % 2)[None, :]  # [BW, PER]
         group = (w // SPAN)[:, None] + j[None, :] * 0
     else:
-        col = w[:, None] + (j * ROW_WORDS)[None, :]
+        col = (2 * w)[:, None] + (j // 2 * 2 * ROW_WORDS + j % 2)[None, :]
         group = col * 0
     at = row[:, None, None] * NUM_GROUPS + group[None, :, :]  # [BN, BW, PER]
     ok = n_ok[:, None, None] & (w < ROW_WORDS)[None, :, None]

@@ -91,7 +91,7 @@ def test_the_layout_puts_a_words_codes_in_one_group_and_each_pair_on_a_contiguou
         assert sorted(quant_words.columns(384, bits, group)) == list(range(384))
 
 
-def test_kernel_inputs_regroup_each_group_code_by_code_and_sum_each_groups_inputs():
+def test_kernel_inputs_regroup_each_group_code_by_code_and_sum_each_words_inputs():
     x = torch.arange(2 * 16, dtype=torch.bfloat16).view(2, 16)
     xf, sums = layers.kernel_inputs(x, 8, 8)  # groups of two words: code j of word i meets 2 (j // 2) + i
     assert xf.dtype == torch.float32
@@ -99,8 +99,7 @@ def test_kernel_inputs_regroup_each_group_code_by_code_and_sum_each_groups_input
     held = quant_words.columns(16, 8, 8).reshape(-1, 4)  # [word, code]
     for j in range(4):  # code j of word i meets xf[group start + 2 j + i]
         assert xf[1, [w // 2 * 8 + 2 * j + w % 2 for w in range(4)]].tolist() == (x[1, held[:, j]]).float().tolist()
-    assert sums.tolist() == [[float(sum(range(8))), float(sum(range(8, 16)))],
-                             [float(sum(range(16, 24))), float(sum(range(24, 32)))]]
+    assert sums.tolist() == x.float()[:, held].sum(-1).tolist()
 
 
 def test_the_runner_refuses_the_kernels_where_they_cannot_run(without_triton_interpreter):
@@ -143,7 +142,7 @@ for fmt, shape in [("int4-g32", (24, 128)), ("int4-g64-asym", (40, 256)), ("int4
             y = qk.quant_matmul(xf, xsum, w.words, w.scales, w.offsets, w.bits, w.group_size, w.zero,
                                 torch.float32, config).numpy()
             err = np.abs(y - ref).max() / np.abs(ref).max()
-            assert err < 3e-5, (fmt, rows, config, err)
+            assert err < 1e-5, (fmt, rows, config, err)
 print("ok")
 """
 
@@ -153,7 +152,7 @@ print("ok")
 def test_the_kernels_compute_the_dequantized_product_in_the_interpreter():
     """Every program kind (elementwise, matrix units, split K; words through pointers or tensor
     descriptors, pipelined or not) on float32 inputs, run by Triton's CPU interpreter: within
-    3e-5 of x @ dequantize(W)^T (the one-row program folds each group's shift in once: float32 cancels sums of BASE + code over a whole group)."""
+    1e-5 of x @ dequantize(W)^T."""
     run_interpreted(INTERPRETED)
 
 
@@ -221,10 +220,12 @@ def test_tiles_split_k_until_the_processors_have_work_and_not_past_two_steps_a_s
 
     gate_up, down = qk.pick_config(1, 28672, 4096, 4, 132), qk.pick_config(1, 4096, 14336, 4, 132)
     assert not gate_up.dot and gate_up.split_k == 1  # 3,584 programs already
-    assert down.split_k == 1  # one row: split only while multiprocessors would idle (512 tiles)
+    assert down.block_n == 64 and down.split_k == 4  # one row, 64-row tiles of a long row: 64 tiles -> 256 programs
+    assert qk.pick_config(1, 4096, 4096, 4, 132).split_k == 1  # 512 tiles: no processor idles
     assert qk.pick_config(1, 512, 4096, 4, 132).split_k == 4  # 64 tiles -> 256 programs
-    tiny = qk.pick_config(1, 64, 1024, 8, 132)
-    assert tiny.split_k == 2  # 1024 / 256 = 4 loop steps: two a split at most
+    small = qk.pick_config(1, 1024, 1024, 8, 132)
+    assert small.block_n == 8 and small.split_k == 2  # 128 tiles -> 256 programs
+    assert qk.pick_config(1, 64, 1024, 8, 132).split_k == 1  # 2 loop steps of 512: a split would keep one
     assert qk.pick_config(16, 4096, 14336, 4, 132).split_k == 16  # matrix units: ~4 programs a processor
     assert qk.pick_config(2, 4096, 4096, 4, 132).dot is False  # int4: a program per row
     assert qk.pick_config(2, 4096, 4096, 8, 132).dot and qk.pick_config(300, 4096, 4096, 8, 132).dot

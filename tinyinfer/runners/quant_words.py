@@ -65,27 +65,15 @@ def columns(in_features: int, bits: int, group_size: int) -> np.ndarray:
     return (word // span) * group_size + (j // 2) * 2 * span + 2 * (word % span) + j % 2
 
 
-def _raw_codes(qw: QuantizedWeight) -> np.ndarray:
-    """The stored codes as unsigned bytes in column order: uint8 [out, in] (nibbles as stored,
-    int8 codes as their two's complement)."""
-    data = np.ascontiguousarray(qw.data)
-    if qw.config.bits == 8:
-        return data.view(np.uint8)
-    return np.stack([data & 0x0F, data >> 4], axis=-1).reshape(data.shape[0], -1)[:, :qw.in_features]
-
-
 def pack_words(qw: QuantizedWeight) -> PackedWords:
     """The stored codes as words, and the scales, offsets and zero of the one formula."""
     config = qw.config
-    per = PER_WORD[config.bits]
-    out, span = qw.shape[0], qw.group_size // per  # span: words in a group
-    # column g G + 2 span q + 2 i + r -> code 2q + r of the group's word i:
-    # [out, groups, per / 2, span, 2] -> [out, groups, span, per / 2, 2]
-    codes = _raw_codes(qw).reshape(out, -1, per // 2, span, 2).transpose(0, 1, 3, 2, 4).reshape(out, -1, per)
-    words = np.zeros(codes.shape[:2], np.uint32)  # [out, words]
-    for j in range(per):
-        words |= codes[:, :, j].astype(np.uint32) << np.uint32(config.bits * j)
-    words = words.view(np.int32)
+    out, span = qw.shape[0], qw.group_size // PER_WORD[config.bits]  # span: W, words in a group
+    # Code pairs are stored bytes (int4: a byte holds columns 2c and 2c + 1, the even one low; int8:
+    # two bytes), so the layout is a permutation of the stored bytes: a group's pair q of word i is
+    # its pair W q + i. int4 [out, groups, 4 pairs, W] -> [.., W, 4]; int8 [.., 2, W, 2] -> [.., W, 2, 2].
+    data = np.ascontiguousarray(qw.data).view(np.uint8).reshape(out, qw.num_groups, 4 // (config.bits // 4), span, -1)
+    words = np.ascontiguousarray(data.transpose(0, 1, 3, 2, 4)).reshape(out, -1).view("<i4").astype(np.int32)
     offsets, zero = None, 0
     if config.bits == 4 and config.symmetric:
         zero = 8

@@ -119,14 +119,15 @@ def quantized_matmul(x: Tensor, w: QuantWeight) -> Tensor:
 def kernel_inputs(x: Tensor, bits: int, group_size: int) -> tuple[Tensor, Tensor]:
     """x as the Triton kernels' unfused products read it: in float32, each group's columns
     regrouped code by code (``quant_words``' layout: code j of the group's W words meets W
-    consecutive inputs there), and each group's input sum (the kernel folds the group's offset
-    in through it).  [T, in] -> [T, in], [T, in / group_size]. Inside a compiled function this
-    fuses into the kernel that made x."""
+    consecutive inputs there), and per word the sum of the inputs its codes meet (the kernel
+    folds the word's offset in through it; a sum of 4 or 8 terms, which torch.compile unrolls
+    into the kernel that made x, where a sum over a whole group is a kernel of its own).
+    [T, in] -> [T, in], [T, in * bits / 32]."""
     t, n = x.shape
     words = group_size * bits // 32  # W: words in a group
-    # column g G + 2 W q + 2 i + r (code 2q + r of word i) -> g G + W (2q + r) + i
-    xf = x.float().reshape(t, n // group_size, -1, words, 2).transpose(-1, -2).reshape(t, n)
-    return xf, xf.reshape(t, -1, group_size).sum(-1)
+    # column g G + 2 W q + 2 i + r is code 2q + r of word i: [T, groups, PER / 2, W, 2]
+    pairs = x.float().reshape(t, n // group_size, -1, words, 2)
+    return pairs.transpose(-1, -2).reshape(t, n), pairs.sum((2, 4)).reshape(t, -1)
 
 
 def unpack_int4(packed: Tensor, n: int) -> Tensor:

@@ -113,7 +113,10 @@ def scale_shift(scales_ptr, offsets_ptr, rows, rows_ok, block, g, num_groups, BL
                 EVEN: tl.constexpr):
     """Each (row, group) of loop step ``block``: its scale and the shift that folds BASE, the zero
     point and the offset in (weight = (BASE + code) * scale + shift), float32 [BN, G]."""
-    group = step_groups(block, g, BLOCK_K, GROUP)
+    if GROUP > 0:
+        group = block * BLOCK_K // GROUP + g  # [G]
+    else:
+        group = g  # [1], 0: one group per row (per-row int8)
     at = rows[:, None] * num_groups + group[None, :]  # [BN, G]
     ok = rows_ok[:, None] & (group < num_groups)[None, :]
     scale = load(scales_ptr + at, ok, EVEN).to(tl.float32)
@@ -124,29 +127,17 @@ def scale_shift(scales_ptr, offsets_ptr, rows, rows_ok, block, g, num_groups, BL
 
 
 @triton.jit
-def step_groups(block, g, BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
-    """The groups of loop step ``block``'s tile, [G]: GROUP 0 is one group per row (per-row int8)."""
-    if GROUP > 0:
-        return block * BLOCK_K // GROUP + g
-    return g
-
-
-@triton.jit
 def group_words(block, g, w, BLOCK_WORDS: tl.constexpr, SPAN_WORDS: tl.constexpr, GROUP_WORDS: tl.constexpr,
                 GROUP: tl.constexpr):
-    """Where loop step ``block``'s [G, W] tile of words lies in its groups: each group's first
-    input column [G, 1], each word's place in its group [G, W] (``quant_words``' layout), and
-    whether the step holds the first words of its groups (a group wider than a step: only its
-    first step does)."""
+    """Where loop step ``block``'s [G, W] tile of words lies in its groups (``quant_words``'
+    layout): each group's first input column [G, 1], and each word's place in its group [G, W]."""
     if GROUP == 0:  # one group per row, of GROUP_WORDS words
-        first = block * BLOCK_WORDS
-        return g[:, None] * 0, first + w[None, :] + g[:, None] * 0, first == 0
+        return g[:, None] * 0, block * BLOCK_WORDS + w[None, :] + g[:, None] * 0
     elif SPAN_WORDS == GROUP_WORDS:  # whole groups in a step
-        return (block * (BLOCK_WORDS // SPAN_WORDS) + g[:, None]) * GROUP, w[None, :] + g[:, None] * 0, True
+        return (block * (BLOCK_WORDS // SPAN_WORDS) + g[:, None]) * GROUP, w[None, :] + g[:, None] * 0
     else:  # one group over several steps
         first = block * BLOCK_WORDS
-        return (first // GROUP_WORDS) * GROUP + g[:, None] * 0, first % GROUP_WORDS + w[None, :] + g[:, None] * 0, \
-            first % GROUP_WORDS == 0
+        return (first // GROUP_WORDS) * GROUP + g[:, None] * 0, first % GROUP_WORDS + w[None, :] + g[:, None] * 0
 
 
 @triton.jit
@@ -160,9 +151,9 @@ def _quant_matmul_kernel(
 ):
     """out[M, N] = x @ W^T, W [N, K] from packed codes. Programs: (N tiles, splits, M tiles).
 
-    x [M, K] in float32, each group regrouped code by code, and xsum [M, groups] each group's
-    input sum, for the shift (``torch_layers.kernel_inputs``): code j of a group's word i meets
-    x[group's first column + GROUP_WORDS j + i]. A loop step reads BLOCK_K inputs of BLOCK_N
+    x [M, K] in float32, each group regrouped code by code, and xsum [M, K / PER] per word the
+    sum of the inputs its codes meet, for the shift (``torch_layers.kernel_inputs``): code j of a
+    group's word i meets x[group's first column + GROUP_WORDS j + i]. A loop step reads BLOCK_K inputs of BLOCK_N
     rows as a [BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS] tile of words: each (row, group) pair
     shares one scale and shift.
     """
@@ -189,7 +180,6 @@ def _quant_matmul_kernel(
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     else:
         acc = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS], tl.float32)  # one row of x: pid_m
-        acc_shift = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK], tl.float32)
     # The loop carries no loaded value from one step to the next, so Triton's pipeliner can issue
     # the loads of STAGES - 1 steps ahead into shared memory (the num_stages of tl.range is what
     # makes it stage loads that feed no tl.dot).
@@ -201,7 +191,7 @@ def _quant_matmul_kernel(
                           SPAN_WORDS, EVEN, TMA)
         scale, shift = scale_shift(scales_ptr, offsets_ptr, n, n_ok, block, g, num_groups, BLOCK_K, GROUP, BASE,
                                    ZERO, HAS_OFFSETS, EVEN)
-        base, place, starts = group_words(block, g, w, BLOCK_WORDS, SPAN_WORDS, GROUP_WORDS, GROUP)
+        base, place = group_words(block, g, w, BLOCK_WORDS, SPAN_WORDS, GROUP_WORDS, GROUP)
         col = base + place  # [G, W] the input code 0 of each word meets
         if DOT:
             # weight = (BASE + code) * scale + shift, rounded to x's dtype, through the matrix units
@@ -217,17 +207,15 @@ def _quant_matmul_kernel(
                 else:
                     acc = tl.dot(tile, xt.to(out_ptr.dtype.element_ty), acc)
         else:
-            # per word: (BASE + code) * x summed over its codes, then scale * that (a shift, a
-            # logic operation and a multiply-add per weight); per group, shift * its inputs' sum
+            # per word: (BASE + code) * x summed over its codes, then scale * that + shift * (its
+            # inputs' sum): a shift, a logic operation and a multiply-add per weight
             row = x_ptr + pid_m * K + col  # [G, W]
             part = decode_words(words, code_mask, 0, BITS) * load(row, k_ok, EVEN)[None, :, :]
             for j in tl.static_range(1, PER):
                 xj = load(row + j * GROUP_WORDS, k_ok, EVEN)  # [G, W]
                 part += decode_words(words, code_mask, j, BITS) * xj[None, :, :]
-            acc += part * scale[:, :, None]
-            group = step_groups(block, g, BLOCK_K, GROUP)
-            xs = tl.load(xsum_ptr + pid_m * num_groups + group, mask=(group < num_groups) & starts, other=0.0)
-            acc_shift += shift * xs[None, :]
+            xw = load(xsum_ptr + pid_m * row_words + kw, k_ok, EVEN)  # [G, W]
+            acc += part * scale[:, :, None] + shift[:, :, None] * xw[None, :, :]
     if DOT:
         out_at = m[None, :] * N + n[:, None]  # [BN, BM]
         out_ok = n_ok[:, None] & m_ok[None, :]
@@ -235,7 +223,7 @@ def _quant_matmul_kernel(
     else:
         out_at = pid_m * N + n  # [BN]
         out_ok = n_ok
-        result = tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_shift, axis=1)
+        result = tl.sum(tl.sum(acc, axis=2), axis=1)
     if SPLIT_K == 1:
         tl.store(out_ptr + out_at, result.to(out_ptr.dtype.element_ty), mask=out_ok)
     else:
@@ -270,13 +258,13 @@ def pick_config(m: int, n: int, k: int, bits: int, processors: int, tma: bool = 
 
 def one_row_config(n: int, k: int, bits: int, tma: bool) -> Config:
     """The elementwise program's tiles for an [n, k] weight, measured fastest on an H100 at the
-    1B and 8B shapes (docs/quantization.md): two warps; int4 3 steps in flight, int8 4. More weight
-    rows a program where there are many outputs (each program's per-step work, its loads and
-    their waits, spread over more weights: 16 x 512 int4 at 8B gate|up 27.7 against 31.2 us, the
-    head 98.2 against 121.9), 64 x 256 on four warps, split, for the long rows of an 8B down
-    product (17.1 against 19.6 us), 32 x 512 for shorter ones; else 8 rows."""
-    if bits == 8:
-        return Config(16 if n >= 8192 else 8, 512 if n >= 8192 else 256, num_warps=2, num_stages=4, tma=tma)
+    1B and 8B shapes (docs/quantization.md): two warps; int4 3 steps in flight, int8 4. For int4,
+    more weight rows a program where there are many outputs (each program's per-step work, its
+    loads and their waits, spread over more weights: 16 x 512 at the 8B gate|up 27.5 against
+    31.2 us, the head 96.8 against 121.9), 64 x 256 on four warps, split, for the long rows of
+    an 8B down product (17.1 against 19.6 us), 32 x 512 for shorter ones; else 8 rows."""
+    if bits == 8:  # 16 x 512 for long rows (8B down 24.6 against 25.4 us), else 8 x 256
+        return Config(16 if k >= 2 * n else 8, 512 if k >= 2 * n else 256, num_warps=2, num_stages=4, tma=tma)
     if k >= 2 * n and k >= 12288:
         return Config(64, 256, num_warps=4, num_stages=4, tma=tma)
     if k >= 2 * n:
@@ -330,7 +318,7 @@ def quant_matmul(x: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets
     """x W^T for W packed as ``torch_layers.KernelWeight``, x and xsum as
     ``torch_layers.kernel_inputs`` gives them.
 
-    x: float32 [M, K], xsum: float32 [M, groups]; words: int32 [N, K bits / 32];
+    x: float32 [M, K], xsum: float32 [M, K bits / 32]; words: int32 [N, K bits / 32];
     scales: float16 [N, groups]; offsets: None or [N, groups].  -> [M, N] in out_dtype.
     ``config`` overrides the tile choice (benchmarks sweep it).
     """

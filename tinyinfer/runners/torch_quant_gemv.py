@@ -8,12 +8,12 @@ quantized models alike. The product is ``torch_quant_kernel``'s one-row program 
 32-bit words and turned into floats by ``decode_words``, a scale and a shift per word), with
 what the runner otherwise runs as kernels of its own moved inside:
 
-* **Inputs straight from x.** The unfused product takes x regrouped by each input's place in a
-  word and each word's input sum (``torch_layers.kernel_inputs``, fused into the glue kernel
-  before every product). Here a program loads the inputs its words meet from x as the previous
-  kernel wrote it (code j of word i meets input PER i + j), adds the residual, multiplies by the
-  norm's weights and sums each word's inputs itself. A 16-bit row is read as 32-bit words of two
-  inputs: Triton's pipeliner copies 4-byte loads into shared memory ahead of use, 2-byte ones not.
+* **Inputs straight from x.** ``quant_words``' layout puts a word's codes in one group, codes
+  2q and 2q + 1 of a group's word i on its inputs 2Wq + 2i and the next, so a program reads the
+  inputs its words meet from x as the previous kernel wrote it: per group and pair, a contiguous
+  run of 32-bit words of two 16-bit inputs (Triton's pipeliner copies 4-byte loads into shared
+  memory ahead of use, 2-byte ones not). It adds the residual, multiplies by the norm's weights
+  and sums each group's inputs itself (the shift, BASE and offsets folded in once per group).
 * **The norm after the sums.** Each product is linear in its inputs, so 1 / RMS multiplies the
   finished sums: a program sums the squares of the inputs it loads, over the whole row (a
   product with a norm is never split along K). The normalised input is not rounded to the
@@ -25,9 +25,14 @@ what the runner otherwise runs as kernels of its own moved inside:
   (``gdc_wait``); the loop that follows keeps its next steps in flight (Triton's pipeliner, TMA
   on compute capability 9.0 on), and lets the next kernel launch once it is done.
 
-Measured on an H100 these run slower than the compiled glue and the unfused products (each
-program's input work outweighs the glue kernels saved: docs/quantization.md), so the runner
-takes them for quantized weights only with ``decode_products="triton"``.
+Why they are the default only for some quantized models (measured on an H100,
+docs/quantization.md): a fused program does, for every input its words meet, what the glue
+kernel does once (load, add, round, square, normalise, sum), repeated by every thread that holds
+another row of its tile, against a glue kernel of about 3 us before each unfused product. int8
+products, bound by bandwidth rather than instructions, absorb that work (an 8B layer 96.9 against
+101.5 us unfused); so do small int4 layers, where the glue kernels weigh most (a 1B layer 36.2
+against 43.1 us). Large int4 layers do not (8B: 81.2 against 70.7-72.5 us): the one-row int4
+program is bound by its instructions. ``torch_fast.quantized_fusion_pays`` says which.
 """
 
 from __future__ import annotations

@@ -15,10 +15,15 @@ to ``tinyinfer.quant.dequantize``.
   program each) sums (BASE + code) * x per word in float32 and folds the scale and offset in
   per word; more rows dequantize a tile to the activations' dtype and run it through the
   matrix units (``tl.dot``), the rows padded to 16.
-* **Columns by code.** Code j of consecutive words meets inputs j, j + PER, j + 2 PER, ...;
-  the caller hands x over in float32 with its columns regrouped that way, plus each word's
-  input sum (``torch_layers.kernel_inputs``, fused into the kernel that made x), so each of
-  those loads is contiguous.
+* **Columns by code.** A word's codes lie in one group (``quant_words``' layout: codes 2q and
+  2q + 1 of a group's word i meet its inputs 2Wq + 2i and the next); the caller hands x over in
+  float32, each group's columns regrouped code by code so that code j of the group's words
+  meets W consecutive inputs, plus each word's input sum (``torch_layers.kernel_inputs``,
+  fused into the kernel that made x), so each of those loads is contiguous. The one-row int4
+  program is bound by its instructions (a shift, a logic operation and a multiply-add per
+  weight, 3.5-5 SASS instructions a weight all told): the glue kernel prepares x once, where a
+  fused program would repeat that work in every thread holding another row
+  (``torch_quant_gemv`` does, where it pays).
 * **Tiles in flight.** A program's loop carries no loaded value over to the next step, and its
   ``tl.range`` names a pipeline depth, so Triton's software pipeliner issues the loads of the
   next two or three steps into shared memory while this one computes (it stages loads that feed

@@ -169,8 +169,8 @@ def product_call(kind: str, x: torch.Tensor, r: torch.Tensor, norm: torch.Tensor
 
     if not fused:
         w0 = weights[0]
-        xf, xsum = L.kernel_inputs(x, w0.bits, w0.group_size)
-        return lambda i: qk.quant_matmul(xf, xsum, weights[i].words, weights[i].scales, weights[i].offsets,
+        xg, xsum = L.kernel_inputs(x, w0.bits, w0.group_size)
+        return lambda i: qk.quant_matmul(xg, xsum, weights[i].words, weights[i].scales, weights[i].offsets,
                                          w0.bits, w0.group_size, w0.zero, torch.bfloat16, config)
     total = torch.empty_like(x)
     if kind in ("qkv", "head"):

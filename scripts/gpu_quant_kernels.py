@@ -94,15 +94,15 @@ def check_format(fmt: str) -> tuple[dict[str, Any], float]:
         for rows in (1, 3, 16, 100):
             x = torch.randn((rows, shape[1]), device=device, dtype=torch.bfloat16)
             ref = x.double() @ ref_w.T
-            xf, xsum = layers.kernel_inputs(x, weight.bits, weight.group_size)
+            xg, xsum = layers.kernel_inputs(x, weight.bits, weight.group_size)
             configs = more if fmt in ("int8", "int4-g128-asym", "int4-g32-min") else every
             for name, config in configs.items():
                 if config is not None and not config.dot and rows > 3:
                     continue  # the elementwise program re-reads the weight per row
                 fresh_output_memory(device)
-                got = qk.quant_matmul(xf, xsum, weight.words, weight.scales, weight.offsets, weight.bits,
+                got = qk.quant_matmul(xg, xsum, weight.words, weight.scales, weight.offsets, weight.bits,
                                       weight.group_size, weight.zero, torch.bfloat16, config)
-                again = qk.quant_matmul(xf, xsum, weight.words, weight.scales, weight.offsets,
+                again = qk.quant_matmul(xg, xsum, weight.words, weight.scales, weight.offsets,
                                         weight.bits, weight.group_size, weight.zero, torch.bfloat16,
                                         config)
                 err = float((got.double() - ref).norm() / ref.norm())
@@ -176,8 +176,8 @@ def kernel_us(weights: list, rows: int, config: Any, device: torch.device) -> fl
     qk = kernel_module()
     w0 = weights[0]
     x = torch.randn((rows, w0.words.shape[1] * 32 // w0.bits), device=device, dtype=torch.bfloat16)
-    xf, xsum = layers.kernel_inputs(x, w0.bits, w0.group_size)
-    return timed(lambda i: qk.quant_matmul(xf, xsum, weights[i].words, weights[i].scales, weights[i].offsets,
+    xg, xsum = layers.kernel_inputs(x, w0.bits, w0.group_size)
+    return timed(lambda i: qk.quant_matmul(xg, xsum, weights[i].words, weights[i].scales, weights[i].offsets,
                                            w0.bits, w0.group_size, w0.zero, torch.bfloat16, config),
                  len(weights), device)
 
@@ -376,9 +376,9 @@ def warm_jobs(jobs: list[tuple[tuple[int, int], str, int, Any]]) -> int:
     for shape, fmt, rows, config in jobs:
         w = random_kernel_weight(shape, fmt, torch.device("cuda"), gen)
         x = torch.randn((rows, shape[1]), device="cuda", dtype=torch.bfloat16)
-        xf, xsum = layers.kernel_inputs(x, w.bits, w.group_size)
+        xg, xsum = layers.kernel_inputs(x, w.bits, w.group_size)
         try:
-            kernel_module().quant_matmul(xf, xsum, w.words, w.scales, w.offsets, w.bits, w.group_size, w.zero,
+            kernel_module().quant_matmul(xg, xsum, w.words, w.scales, w.offsets, w.bits, w.group_size, w.zero,
                                          torch.bfloat16, config)
             done += 1
         except Exception as exc:  # noqa: BLE001 - the timing pass records the failure

@@ -91,14 +91,17 @@ def test_the_layout_puts_a_words_codes_in_one_group_and_each_pair_on_a_contiguou
         assert sorted(quant_words.columns(384, bits, group)) == list(range(384))
 
 
-def test_kernel_inputs_regroup_each_group_code_by_code_and_sum_each_words_inputs():
+def test_kernel_inputs_regroup_columns_by_code_and_sum_each_words_inputs():
     x = torch.arange(2 * 16, dtype=torch.bfloat16).view(2, 16)
-    xf, sums = layers.kernel_inputs(x, 8, 8)  # groups of two words: code j of word i meets 2 (j // 2) + i
-    assert xf.dtype == torch.float32
-    assert xf[0, :8].tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
+    xg, sums = layers.kernel_inputs(x, 8, 8)  # groups of two words: code 2q + r of word i is column 4q + 2i + r
+    assert xg.shape == (2, 4, 4) and xg.dtype == torch.float32
+    assert xg[0].tolist() == [[0, 2, 8, 10], [1, 3, 9, 11], [4, 6, 12, 14], [5, 7, 13, 15]]
     held = quant_words.columns(16, 8, 8).reshape(-1, 4)  # [word, code]
-    for j in range(4):  # code j of word i meets xf[group start + 2 j + i]
-        assert xf[1, [w // 2 * 8 + 2 * j + w % 2 for w in range(4)]].tolist() == (x[1, held[:, j]]).float().tolist()
+    assert xg[1].tolist() == x[1, held.T].float().tolist()  # xg[t, j, w]: the input code j of word w meets
+    assert sums.tolist() == x.float()[:, held].sum(-1).tolist()
+    xg, sums = layers.kernel_inputs(x, 4, 16)  # int4, one group of two words
+    held = quant_words.columns(16, 4, 16).reshape(-1, 8)
+    assert xg.shape == (2, 8, 2) and xg[1].tolist() == x[1, held.T].float().tolist()
     assert sums.tolist() == x.float()[:, held].sum(-1).tolist()
 
 
@@ -138,8 +141,8 @@ for fmt, shape in [("int4-g32", (24, 128)), ("int4-g64-asym", (40, 256)), ("int4
         for config in configs:
             if rows > 3 and not config.dot:  # elementwise: a program per row
                 continue
-            xf, xsum = layers.kernel_inputs(torch.from_numpy(x), w.bits, w.group_size)
-            y = qk.quant_matmul(xf, xsum, w.words, w.scales, w.offsets, w.bits, w.group_size, w.zero,
+            xg, xsum = layers.kernel_inputs(torch.from_numpy(x), w.bits, w.group_size)
+            y = qk.quant_matmul(xg, xsum, w.words, w.scales, w.offsets, w.bits, w.group_size, w.zero,
                                 torch.float32, config).numpy()
             err = np.abs(y - ref).max() / np.abs(ref).max()
             assert err < 1e-5, (fmt, rows, config, err)
@@ -220,7 +223,8 @@ def test_tiles_split_k_until_the_processors_have_work_and_not_past_two_steps_a_s
 
     gate_up, down = qk.pick_config(1, 28672, 4096, 4, 132), qk.pick_config(1, 4096, 14336, 4, 132)
     assert not gate_up.dot and gate_up.split_k == 1  # 3,584 programs already
-    assert down.block_n == 64 and down.split_k == 4  # one row, 64-row tiles of a long row: 64 tiles -> 256 programs
+    assert down.block_n == 8 and down.split_k == 1  # one row: split only while multiprocessors would idle (512 tiles)
+    assert gate_up.block_n == 16 and qk.pick_config(1, 4096, 4096, 4, 132).block_n == 8  # 16 rows for many outputs
     assert qk.pick_config(1, 4096, 4096, 4, 132).split_k == 1  # 512 tiles: no processor idles
     assert qk.pick_config(1, 512, 4096, 4, 132).split_k == 4  # 64 tiles -> 256 programs
     small = qk.pick_config(1, 1024, 1024, 8, 132)

@@ -10,8 +10,8 @@ says what it reads and what it computes, so tests run on any machine:
   word shares one scale and offset, and the pairs q of a group's consecutive words meet a
   *contiguous* run of inputs: a 16-bit x is read as it is, one 32-bit load per word and pair
   (two inputs), which Triton's pipeliner stages ahead of use (it stages no 2-byte loads); a
-  float32 x regrouped code by code (``torch_layers.kernel_inputs``) is read in contiguous
-  slices. The stored checkpoint keeps the usual order, even column first; ``pack_words``
+  float32 x regrouped by code along the row (``torch_layers.kernel_inputs``) is read in
+  contiguous runs. The stored checkpoint keeps the usual order, even column first; ``pack_words``
   reorders at load and ``columns`` says where each code went.
 * **Every format as one formula.** ``weight = (code - zero) * scale + offset`` per (row, group):
   zero is 8 for symmetric int4 (nibbles hold code + 8), else 0; offsets exist only for the

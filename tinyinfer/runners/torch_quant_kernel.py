@@ -17,8 +17,8 @@ to ``tinyinfer.quant.dequantize``.
   matrix units (``tl.dot``), the rows padded to 16.
 * **Columns by code.** A word's codes lie in one group (``quant_words``' layout: codes 2q and
   2q + 1 of a group's word i meet its inputs 2Wq + 2i and the next); the caller hands x over in
-  float32, each group's columns regrouped code by code so that code j of the group's words
-  meets W consecutive inputs, plus each word's input sum (``torch_layers.kernel_inputs``,
+  float32 regrouped by code, the inputs that code j of every word meets side by side (one run
+  of the row's words per code), plus each word's input sum (``torch_layers.kernel_inputs``,
   fused into the kernel that made x), so each of those loads is contiguous. The one-row int4
   program is bound by its instructions (a shift, a logic operation and a multiply-add per
   weight, 3.5-5 SASS instructions a weight all told): the glue kernel prepares x once, where a
@@ -156,17 +156,16 @@ def _quant_matmul_kernel(
 ):
     """out[M, N] = x @ W^T, W [N, K] from packed codes. Programs: (N tiles, splits, M tiles).
 
-    x [M, K] in float32, each group regrouped code by code, and xsum [M, K / PER] per word the
-    sum of the inputs its codes meet, for the shift (``torch_layers.kernel_inputs``): code j of a
-    group's word i meets x[group's first column + GROUP_WORDS j + i]. A loop step reads BLOCK_K inputs of BLOCK_N
-    rows as a [BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS] tile of words: each (row, group) pair
-    shares one scale and shift.
+    x comes in float32 as [M, PER, K / PER], x[m, j, i] the input code j of word i meets
+    (``torch_layers.kernel_inputs``), so the inputs that meet code j of consecutive words lie
+    together; xsum [M, K / PER] holds, per word, the sum of the inputs its codes meet, for the
+    shift. A loop step reads BLOCK_K inputs of BLOCK_N rows as a [BLOCK_N, GROUPS_PER_BLOCK,
+    SPAN_WORDS] tile of words: each (row, group) pair shares one scale and shift.
     """
     PER: tl.constexpr = 32 // BITS
-    row_words = ROW_WORDS
+    row_words = ROW_WORDS  # a constant: the inputs of code j sit at a fixed offset from code 0's
     BASE: tl.constexpr = 128 if BITS == 4 else 384
     BLOCK_WORDS: tl.constexpr = BLOCK_K // PER
-    GROUP_WORDS: tl.constexpr = GROUP // PER if GROUP > 0 else ROW_WORDS
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -198,19 +197,12 @@ def _quant_matmul_kernel(
         scale, shift = scale_shift(scales_ptr, offsets_ptr, n, n_ok, block, g, num_groups, BLOCK_K, GROUP, BASE,
                                    ZERO, HAS_OFFSETS, EVEN)
         if DOT:
-            # weight = (BASE + code) * scale + shift, rounded to x's dtype, through the matrix units.
-            # The input code 0 of each of the tile's words meets, from its place in the row (col,
-            # flattened): written with a division and remainder by GROUP_WORDS, a power of two, so
-            # that the compiler sees runs of GROUP_WORDS consecutive inputs and vectorises the
-            # loads (a reshape of col hides that: the 16-row step ran 2.9x slower).
-            wi = block * BLOCK_WORDS + flat  # [BW]
-            first_input = (wi // GROUP_WORDS) * (GROUP_WORDS * PER) + wi % GROUP_WORDS
-            ok = wi < row_words
+            # weight = (BASE + code) * scale + shift, rounded to x's dtype, through the matrix units
+            kx = block * BLOCK_WORDS + flat  # [BLOCK_WORDS] words, code j of each
             for j in tl.static_range(PER):
                 weight = decode_words(words, code_mask, j, BITS) * scale[:, :, None] + shift[:, :, None]
-                kx = first_input + j * GROUP_WORDS  # [BW] the inputs code j meets
-                xt = tl.load(x_ptr + m[None, :] * K + kx[:, None], mask=m_ok[None, :] & ok[:, None],
-                             other=0.0)  # [BW, BM]
+                xt = tl.load(x_ptr + m[None, :] * K + j * row_words + kx[:, None],
+                             mask=m_ok[None, :] & (kx < row_words)[:, None], other=0.0)  # [BW, BM]
                 tile = tl.reshape(weight, [BLOCK_N, BLOCK_WORDS]).to(out_ptr.dtype.element_ty)
                 if IEEE:
                     acc = tl.dot(tile, xt, acc, input_precision="ieee")
@@ -219,12 +211,10 @@ def _quant_matmul_kernel(
         else:
             # per word: (BASE + code) * x summed over its codes, then scale * that + shift * (its
             # inputs' sum): a shift, a logic operation and a multiply-add per weight
-            base, place = group_words(block, g, w, BLOCK_WORDS, SPAN_WORDS, GROUP_WORDS, GROUP)
-            col = base + place  # [G, W] the input code 0 of each word meets
-            row = x_ptr + pid_m * K + col  # [G, W]
+            row = x_ptr + pid_m * K + kw  # [G, W]: the input code 0 of each word meets
             part = decode_words(words, code_mask, 0, BITS) * load(row, k_ok, EVEN)[None, :, :]
             for j in tl.static_range(1, PER):
-                xj = load(row + j * GROUP_WORDS, k_ok, EVEN)  # [G, W]
+                xj = load(row + j * row_words, k_ok, EVEN)  # [G, W]
                 part += decode_words(words, code_mask, j, BITS) * xj[None, :, :]
             xw = load(xsum_ptr + pid_m * row_words + kw, k_ok, EVEN)  # [G, W]
             acc += part * scale[:, :, None] + shift[:, :, None] * xw[None, :, :]
@@ -271,16 +261,13 @@ def pick_config(m: int, n: int, k: int, bits: int, processors: int, tma: bool = 
 def one_row_config(n: int, k: int, bits: int, tma: bool) -> Config:
     """The elementwise program's tiles for an [n, k] weight, measured fastest on an H100 at the
     1B and 8B shapes (docs/quantization.md): two warps; int4 3 steps in flight, int8 4. For int4,
-    more weight rows a program where there are many outputs (each program's per-step work, its
-    loads and their waits, spread over more weights: 16 x 512 at the 8B gate|up 27.5 against
-    31.2 us, the head 96.8 against 121.9), 64 x 256 on four warps, split, for the long rows of
-    an 8B down product (17.1 against 19.6 us), 32 x 512 for shorter ones; else 8 rows."""
+    16 weight rows a program where there are many outputs (each program's per-step work, its
+    loads and their waits, spread over more weights: inside the 8B int4 model's step, gate|up
+    26.3 against 28.0 us, the head 98.7 against 111.3), else 8 rows by 512 inputs: the down
+    products' long rows too (64 x 256 on four warps, split in four, was faster alone, 17.1
+    against 19.6 us, and slower inside the model's step, 17.6 against 17.1)."""
     if bits == 8:  # 16 x 512 for long rows (8B down 24.6 against 25.4 us), else 8 x 256
         return Config(16 if k >= 2 * n else 8, 512 if k >= 2 * n else 256, num_warps=2, num_stages=4, tma=tma)
-    if k >= 2 * n and k >= 12288:
-        return Config(64, 256, num_warps=4, num_stages=4, tma=tma)
-    if k >= 2 * n:
-        return Config(32, 512, num_warps=2, num_stages=3, tma=tma)
     return Config(16 if n >= 8192 else 8, 512, num_warps=2, num_stages=3, tma=tma)
 
 
@@ -330,11 +317,11 @@ def quant_matmul(x: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets
     """x W^T for W packed as ``torch_layers.KernelWeight``, x and xsum as
     ``torch_layers.kernel_inputs`` gives them.
 
-    x: float32 [M, K], xsum: float32 [M, K bits / 32]; words: int32 [N, K bits / 32];
+    x: float32 [M, 32 / bits, K bits / 32], xsum: float32 [M, K bits / 32]; words: int32 [N, K bits / 32];
     scales: float16 [N, groups]; offsets: None or [N, groups].  -> [M, N] in out_dtype.
     ``config`` overrides the tile choice (benchmarks sweep it).
     """
-    m, k = x.shape
+    m, k = x.shape[0], x.shape[1] * x.shape[2]
     n = words.shape[0]
     if config is None:
         processors, tma = device_traits(x.device)

@@ -3,6 +3,7 @@
     PYTHONPATH=. python scripts/gpu_quant_kernels.py            # JSON to $OUT/gpu_quant_kernels.json
     PYTHONPATH=. python scripts/gpu_quant_kernels.py --sweep    # also time every candidate tile
     PYTHONPATH=. python scripts/gpu_quant_kernels.py --candidates   # every tile in every loop mode
+    PYTHONPATH=. python scripts/gpu_quant_kernels.py --check-only   # the checks alone
 
 (a) correctness: every format, odd and real shapes, 1..100 rows of activations, each kind of
     program (elementwise, matrix units, split K) against the float64 product with the
@@ -93,7 +94,7 @@ def check_format(fmt: str) -> tuple[dict[str, Any], float]:
         for rows in (1, 3, 16, 100):
             x = torch.randn((rows, shape[1]), device=device, dtype=torch.bfloat16)
             ref = x.double() @ ref_w.T
-            xg, xsum = layers.kernel_inputs(x, weight.bits)
+            xg, xsum = layers.kernel_inputs(x, weight.bits, weight.group_size)
             configs = more if fmt in ("int8", "int4-g128-asym", "int4-g32-min") else every
             for name, config in configs.items():
                 if config is not None and not config.dot and rows > 3:
@@ -175,7 +176,7 @@ def kernel_us(weights: list, rows: int, config: Any, device: torch.device) -> fl
     qk = kernel_module()
     w0 = weights[0]
     x = torch.randn((rows, w0.words.shape[1] * 32 // w0.bits), device=device, dtype=torch.bfloat16)
-    xg, xsum = layers.kernel_inputs(x, w0.bits)
+    xg, xsum = layers.kernel_inputs(x, w0.bits, w0.group_size)
     return timed(lambda i: qk.quant_matmul(xg, xsum, weights[i].words, weights[i].scales, weights[i].offsets,
                                            w0.bits, w0.group_size, w0.zero, torch.bfloat16, config),
                  len(weights), device)
@@ -375,7 +376,7 @@ def warm_jobs(jobs: list[tuple[tuple[int, int], str, int, Any]]) -> int:
     for shape, fmt, rows, config in jobs:
         w = random_kernel_weight(shape, fmt, torch.device("cuda"), gen)
         x = torch.randn((rows, shape[1]), device="cuda", dtype=torch.bfloat16)
-        xg, xsum = layers.kernel_inputs(x, w.bits)
+        xg, xsum = layers.kernel_inputs(x, w.bits, w.group_size)
         try:
             kernel_module().quant_matmul(xg, xsum, w.words, w.scales, w.offsets, w.bits, w.group_size, w.zero,
                                          torch.bfloat16, config)
@@ -482,6 +483,7 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=400.0, help="stop sweeping after this long")
     parser.add_argument("--out", default=None, help="JSON path (default: $OUT/gpu_quant_kernels.json)")
     parser.add_argument("--quick", action="store_true", help="only the elementwise tiles at one and two rows")
+    parser.add_argument("--check-only", action="store_true", help="the checks, no timings")
     parser.add_argument("--candidates", action="store_true",
                         help="the checks, then every candidate program (tiles x loop modes) per product")
     parser.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 1),
@@ -510,7 +512,7 @@ def main() -> int:
         path.write_text(json.dumps(report, indent=2, default=str) + "\n")
         if args.candidates:
             report["candidates"] = candidates(device, pool, args.workers, args.budget_s, start)
-        else:
+        elif not args.check_only:
             report["speed"] = speed(device, args.sweep, args.budget_s, start)
     report["seconds"] = time.perf_counter() - start
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")

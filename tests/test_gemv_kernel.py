@@ -213,15 +213,23 @@ def test_auto_takes_the_triton_kernels_on_cuda_only():
 
     from tinyinfer.runners.torch_fast import TorchRunner
 
-    def on(device: str):
-        return SimpleNamespace(device=torch.device(device), config=SimpleNamespace(head_dim=64))
+    from tinyinfer.runners.torch_layers import KernelWeight
+
+    def on(device: str, bits: int = 4, hidden: int = 4096):
+        layer = KernelWeight(torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, 1), None, bits, 32 // bits, 0)
+        return SimpleNamespace(device=torch.device(device), config=SimpleNamespace(head_dim=64, hidden_size=hidden),
+                               _products=lambda: [layer])
 
     cuda, cpu = on("cuda"), on("cpu")
     assert TorchRunner._pick_prefill_attention(cuda, "auto") == "triton"
     assert TorchRunner._pick_decode_attention(cuda, "auto") == "triton"
     assert TorchRunner._pick_decode_products(cuda, "auto", "plain") == "triton"
-    assert TorchRunner._pick_decode_products(cuda, "auto", "quantized") == "torch"  # on request only
+    # quantized layers fused where that measured faster: int8, or int4 up to a hidden size of 2048
+    assert TorchRunner._pick_decode_products(cuda, "auto", "quantized") == "torch"
+    assert TorchRunner._pick_decode_products(on("cuda", hidden=2048), "auto", "quantized") == "triton"
+    assert TorchRunner._pick_decode_products(on("cuda", bits=8), "auto", "quantized") == "triton"
     assert TorchRunner._pick_decode_products(cuda, "auto", None) == "torch"
     assert TorchRunner._pick_prefill_attention(cpu, "auto") == "torch"
     assert TorchRunner._pick_decode_attention(cpu, "auto") == "torch"
     assert TorchRunner._pick_decode_products(cpu, "auto", "plain") == "torch"
+    assert TorchRunner._pick_decode_products(on("cpu", bits=8), "auto", "quantized") == "torch"

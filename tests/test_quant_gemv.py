@@ -176,3 +176,14 @@ for entries in {steps!r}:
 print("ok")
 """
     run_interpreted(code)
+
+
+def test_quantized_models_take_the_fused_products_where_they_measured_faster():
+    """decode_products="auto" with quantized layers: fused for int8 at any size and for int4 up to
+    a hidden size of 2048; wider int4 layers keep the compiled glue and the unfused products."""
+    from tinyinfer.runners.torch_fast import quantized_fusion_pays
+
+    assert quantized_fusion_pays({8}, 4096) and quantized_fusion_pays({8}, 2048)
+    assert quantized_fusion_pays({4}, 2048) and not quantized_fusion_pays({4}, 4096)
+    assert not quantized_fusion_pays({4, 8}, 4096)
+    assert quantized_fusion_pays(set(), 4096)  # only the head quantized: the layers are 16-bit

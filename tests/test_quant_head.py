@@ -303,7 +303,7 @@ for fmt, shape, config in cases:
     w = layers.kernel_weight(qw, torch.device("cpu"))
     x = rng.standard_normal((1, shape[1])).astype(np.float32)
     ref = x.astype(np.float64) @ dequantize(qw).astype(np.float64).T
-    xg, xsum = layers.kernel_inputs(torch.from_numpy(x), w.bits)
+    xg, xsum = layers.kernel_inputs(torch.from_numpy(x), w.bits, w.group_size)
     y = qk.quant_matmul(xg, xsum, w.words, w.scales, w.offsets, w.bits, w.group_size, w.zero,
                         torch.float32, config).numpy()
     err = np.abs(y - ref).max() / np.abs(ref).max()

@@ -55,8 +55,10 @@ def test_the_kernels_arithmetic_is_the_reference_dequantize(fmt):
     qw = weight(fmt, (40, 512))
     packed = quant_words.pack_words(qw)
     assert packed.words.shape == (40, 512 * qw.config.bits // 32)
-    np.testing.assert_array_equal(quant_words.decode(packed.words, 3, packed.bits)
-                                  - quant_words.CODE_BASE[packed.bits], stored_codes(qw)[:, 3::32 // qw.config.bits])
+    span = qw.group_size * qw.config.bits // 32  # W, words in a group: code 3 of word i meets 2 W + 2 i + 1
+    words = np.arange(512 * qw.config.bits // 32)
+    np.testing.assert_array_equal(quant_words.decode(packed.words, 3, packed.bits) - quant_words.CODE_BASE[packed.bits],
+                                  stored_codes(qw)[:, words // span * qw.group_size + 2 * span + 2 * (words % span) + 1])
     ours, ref = quant_words.dequantize_words(packed), dequantize(qw)
     if qw.config.minimum:
         np.testing.assert_allclose(ours, ref, rtol=0, atol=2 ** -16 * float(np.abs(qw.scales).max()) * 256)
@@ -78,13 +80,29 @@ def test_shapes_the_kernels_do_not_take_keep_torch_paths():
     assert not quant_words.fits(weight("int4-g32", (8, 100)))
 
 
-def test_kernel_inputs_regroup_columns_by_place_in_a_word_and_sum_each_words_inputs():
+def test_the_layout_puts_a_words_codes_in_one_group_and_each_pair_on_a_contiguous_run_of_inputs():
+    """Codes 2q and 2q + 1 of word i of a group of G = PER W inputs hold the group's columns
+    2 W q + 2 i and the next."""
+    assert quant_words.columns(64, 4, 32).tolist()[:16] == [0, 1, 8, 9, 16, 17, 24, 25,
+                                                           2, 3, 10, 11, 18, 19, 26, 27]
+    assert quant_words.columns(64, 4, 32)[32:40].tolist() == [32 + c for c in (0, 1, 8, 9, 16, 17, 24, 25)]
+    assert quant_words.columns(12, 8, 12).tolist() == [0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11]  # per-row int8
+    for bits, group in ((4, 32), (4, 128), (8, 32), (8, 96)):
+        assert sorted(quant_words.columns(384, bits, group)) == list(range(384))
+
+
+def test_kernel_inputs_regroup_columns_by_code_and_sum_each_words_inputs():
     x = torch.arange(2 * 16, dtype=torch.bfloat16).view(2, 16)
-    grouped, sums = layers.kernel_inputs(x, 4)  # 8 codes to a word: [2, 8, 2]
-    assert grouped.shape == (2, 8, 2) and grouped.dtype == torch.float32
-    assert grouped[1, 3].tolist() == [16 + 3, 16 + 11]
-    assert sums.tolist() == [[float(sum(range(8))), float(sum(range(8, 16)))],
-                             [float(sum(range(16, 24))), float(sum(range(24, 32)))]]
+    xg, sums = layers.kernel_inputs(x, 8, 8)  # groups of two words: code 2q + r of word i is column 4q + 2i + r
+    assert xg.shape == (2, 4, 4) and xg.dtype == torch.float32
+    assert xg[0].tolist() == [[0, 2, 8, 10], [1, 3, 9, 11], [4, 6, 12, 14], [5, 7, 13, 15]]
+    held = quant_words.columns(16, 8, 8).reshape(-1, 4)  # [word, code]
+    assert xg[1].tolist() == x[1, held.T].float().tolist()  # xg[t, j, w]: the input code j of word w meets
+    assert sums.tolist() == x.float()[:, held].sum(-1).tolist()
+    xg, sums = layers.kernel_inputs(x, 4, 16)  # int4, one group of two words
+    held = quant_words.columns(16, 4, 16).reshape(-1, 8)
+    assert xg.shape == (2, 8, 2) and xg[1].tolist() == x[1, held.T].float().tolist()
+    assert sums.tolist() == x.float()[:, held].sum(-1).tolist()
 
 
 def test_the_runner_refuses_the_kernels_where_they_cannot_run(without_triton_interpreter):
@@ -123,7 +141,7 @@ for fmt, shape in [("int4-g32", (24, 128)), ("int4-g64-asym", (40, 256)), ("int4
         for config in configs:
             if rows > 3 and not config.dot:  # elementwise: a program per row
                 continue
-            xg, xsum = layers.kernel_inputs(torch.from_numpy(x), w.bits)
+            xg, xsum = layers.kernel_inputs(torch.from_numpy(x), w.bits, w.group_size)
             y = qk.quant_matmul(xg, xsum, w.words, w.scales, w.offsets, w.bits, w.group_size, w.zero,
                                 torch.float32, config).numpy()
             err = np.abs(y - ref).max() / np.abs(ref).max()
@@ -205,10 +223,13 @@ def test_tiles_split_k_until_the_processors_have_work_and_not_past_two_steps_a_s
 
     gate_up, down = qk.pick_config(1, 28672, 4096, 4, 132), qk.pick_config(1, 4096, 14336, 4, 132)
     assert not gate_up.dot and gate_up.split_k == 1  # 3,584 programs already
-    assert down.split_k == 1  # one row: split only while multiprocessors would idle (512 tiles)
+    assert down.block_n == 8 and down.split_k == 1  # one row: split only while multiprocessors would idle (512 tiles)
+    assert gate_up.block_n == 16 and qk.pick_config(1, 4096, 4096, 4, 132).block_n == 8  # 16 rows for many outputs
+    assert qk.pick_config(1, 4096, 4096, 4, 132).split_k == 1  # 512 tiles: no processor idles
     assert qk.pick_config(1, 512, 4096, 4, 132).split_k == 4  # 64 tiles -> 256 programs
-    tiny = qk.pick_config(1, 64, 1024, 8, 132)
-    assert tiny.split_k == 2  # 1024 / 256 = 4 loop steps: two a split at most
+    small = qk.pick_config(1, 1024, 1024, 8, 132)
+    assert small.block_n == 8 and small.split_k == 2  # 128 tiles -> 256 programs
+    assert qk.pick_config(1, 64, 1024, 8, 132).split_k == 1  # 2 loop steps of 512: a split would keep one
     assert qk.pick_config(16, 4096, 14336, 4, 132).split_k == 16  # matrix units: ~4 programs a processor
     assert qk.pick_config(2, 4096, 4096, 4, 132).dot is False  # int4: a program per row
     assert qk.pick_config(2, 4096, 4096, 8, 132).dot and qk.pick_config(300, 4096, 4096, 8, 132).dot

@@ -3,8 +3,16 @@
 ``torch_quant_kernel`` multiplies by quantized weights without a dequantized copy; this module
 says what it reads and what it computes, so tests run on any machine:
 
-* **Words.** The stored codes of a row read as little-endian 32-bit words: eight int4 nibbles
-  (column 8i + j at bits 4j of word i) or four int8 bytes (column 4i + j at bits 8j).
+* **Words, one group at a time.** A row's codes are packed into little-endian 32-bit words of
+  eight int4 nibbles or four int8 bytes, group by group: a group of G inputs is W = G / PER
+  words, and codes 2q and 2q + 1 of its word i (bits 4j or 8j for code j) are the group's
+  columns 2W q + 2i and 2W q + 2i + 1 (per-row int8: the row is one group). So every code of a
+  word shares one scale and offset, and the pairs q of a group's consecutive words meet a
+  *contiguous* run of inputs: a 16-bit x is read as it is, one 32-bit load per word and pair
+  (two inputs), which Triton's pipeliner stages ahead of use (it stages no 2-byte loads); a
+  float32 x regrouped by code along the row (``torch_layers.kernel_inputs``) is read in
+  contiguous runs. The stored checkpoint keeps the usual order, even column first; ``pack_words``
+  reorders at load and ``columns`` says where each code went.
 * **Every format as one formula.** ``weight = (code - zero) * scale + offset`` per (row, group):
   zero is 8 for symmetric int4 (nibbles hold code + 8), else 0; offsets exist only for the
   asymmetric and minimum formats (float16 where that is exact, else float32).
@@ -43,14 +51,29 @@ class PackedWords:
 
 
 def fits(qw: QuantizedWeight) -> bool:
-    """Whether the kernels take this weight: whole groups, rows of whole 32-bit words."""
-    return qw.in_features % qw.group_size == 0 and qw.in_features * qw.config.bits % 32 == 0
+    """Whether the kernels take this weight: whole groups of whole 32-bit words."""
+    return qw.in_features % qw.group_size == 0 and qw.group_size * qw.config.bits % 32 == 0
+
+
+def columns(in_features: int, bits: int, group_size: int) -> np.ndarray:
+    """The input column each code of a packed row holds, in packed order (code j of word i at
+    place PER i + j): int64 [in_features]."""
+    per = PER_WORD[bits]
+    span = group_size // per  # W: words in a group
+    place = np.arange(in_features)
+    word, j = place // per, place % per
+    return (word // span) * group_size + (j // 2) * 2 * span + 2 * (word % span) + j % 2
 
 
 def pack_words(qw: QuantizedWeight) -> PackedWords:
     """The stored codes as words, and the scales, offsets and zero of the one formula."""
     config = qw.config
-    words = np.ascontiguousarray(qw.data).view("<i4").astype(np.int32)  # [out, in * bits / 32]
+    out, span = qw.shape[0], qw.group_size // PER_WORD[config.bits]  # span: W, words in a group
+    # Code pairs are stored bytes (int4: a byte holds columns 2c and 2c + 1, the even one low; int8:
+    # two bytes), so the layout is a permutation of the stored bytes: a group's pair q of word i is
+    # its pair W q + i. int4 [out, groups, 4 pairs, W] -> [.., W, 4]; int8 [.., 2, W, 2] -> [.., W, 2, 2].
+    data = np.ascontiguousarray(qw.data).view(np.uint8).reshape(out, qw.num_groups, 4 // (config.bits // 4), span, -1)
+    words = np.ascontiguousarray(data.transpose(0, 1, 3, 2, 4)).reshape(out, -1).view("<i4").astype(np.int32)
     offsets, zero = None, 0
     if config.bits == 4 and config.symmetric:
         zero = 8
@@ -81,10 +104,10 @@ def dequantize_words(packed: PackedWords) -> np.ndarray:
     shift = -np.float32(CODE_BASE[packed.bits] + packed.zero) * scale  # [out, groups]
     if packed.offsets is not None:
         shift = shift + packed.offsets.astype(np.float32)
-    columns = np.arange(row_words * per).reshape(row_words, per)  # column of code j of word i
-    group = columns // packed.group_size
+    held = columns(row_words * per, packed.bits, packed.group_size).reshape(row_words, per)  # code j of word i
+    group = held // packed.group_size
     weight = np.empty((out, row_words * per), np.float32)
     for j in range(per):
         g = group[:, j]
-        weight[:, columns[:, j]] = decode(packed.words, j, packed.bits) * scale[:, g] + shift[:, g]
+        weight[:, held[:, j]] = decode(packed.words, j, packed.bits) * scale[:, g] + shift[:, g]
     return weight

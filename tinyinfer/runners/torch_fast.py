@@ -135,6 +135,16 @@ class _Step:
     logits_rows: Tensor | None = None  # [R]; None means every row
 
 
+def quantized_fusion_pays(bits: set[int], hidden_size: int) -> bool:
+    """Whether a quantized model's one-row steps run faster through the fused products than
+    through the compiled glue and the unfused products, as measured on an H100 (docs/quantization.md):
+    with int8 layers at every size (an 8B layer 96.9 against 101.5 us unfused), with int4 ones up
+    to a hidden size of 2048 (a 1B layer 36.2 against 43.1 us); wider int4 layers are bound by the
+    products' instructions, which the fused products' input work adds to (8B: 81.2 against 70.7).
+    ``bits``: the quantized layers' code widths."""
+    return bits <= {8} or hidden_size <= 2048
+
+
 class TorchRunner:
     """Fast runner: fp32 / fp16 / bf16 on CPU or CUDA, same outputs as the reference."""
 
@@ -195,6 +205,11 @@ class TorchRunner:
             self._fused = self._fused_layer_fns()
             if fusable == "quantized":  # the row kernel reads float16/bfloat16 weights only
                 del self._fused["rows"]
+                if isinstance(self.w.head, layers.KernelWeight):
+                    # a quantized head's product runs faster unfused, after the compiled norm
+                    # (an H100: 96.8 against 117.3 us for the 8B int4 head, docs/quantization.md)
+                    attention_input, mlp_block, _ = self._fused["gemv"]
+                    self._fused["gemv"] = (attention_input, mlp_block, self._decode_fns[2])
         if batch_invariant and ("rows" not in self._fused or self.decode_attention_kind != "triton"):
             raise TinyInferError("batch_invariant needs the fused products and the Triton decode "
                                  "attention (decode_products='triton', decode_attention='triton': "
@@ -248,9 +263,11 @@ class TorchRunner:
         kernels, ``torch_triton_rows`` for 2..16 rows; int8/int4 weights in the Triton kernels' layout through ``torch_quant_gemv``);
         "torch": the compiled layer functions and cuBLAS (or the quantized products); "auto":
         "triton" where it applies (CUDA, Triton installed, RMSNorm and a gated MLP) and every
-        weight is fp16/bf16: the fused quantized products ran slower than the compiled glue
-        and the unfused ones (docs/quantization.md), so quantized models take them on request.
-        ``fusable``: what ``_fusable`` says, None where the kernels cannot run."""
+        weight is fp16/bf16, or the quantized layers are int8 or the hidden size at most 2048: there
+        the fused quantized products beat the compiled glue and the unfused products on an H100;
+        wider int4 layers are bound by the products' instructions, which the fused products'
+        input work adds to (docs/quantization.md). ``fusable``: what ``_fusable`` says, None
+        where the kernels cannot run."""
         if choice not in DECODE_PRODUCTS:
             raise TinyInferError(f"decode_products must be one of {DECODE_PRODUCTS}, got {choice}")
         if choice == "torch":
@@ -260,7 +277,13 @@ class TorchRunner:
                                  "TRITON_INTERPRET=1), the triton package, "
                                  "RMSNorm, a gated MLP and float16/bfloat16 weights (or int8/int4 "
                                  "ones with quant_kernel 'triton' or 'auto'): use decode_products='torch'")
-        return "triton" if choice == "triton" or (fusable == "plain" and self.device.type == "cuda") else "torch"
+        fused_pays = fusable == "plain" or (fusable == "quantized" and quantized_fusion_pays(
+            {p.bits for p in self._products() if isinstance(p, layers.KernelWeight)}, self.config.hidden_size))
+        return "triton" if choice == "triton" or (fused_pays and self.device.type == "cuda") else "torch"
+
+    def _products(self) -> list[Any]:
+        """Every layer's product weights (q|k|v, o, gate|up, down)."""
+        return [p[0] for layer in self.w.layers for p in (layer.qkv, layer.o, layer.mlp_in, layer.mlp_out)]
 
     def _fusable(self) -> str | None:
         """Whether the fused products take every weight: "plain" (fp16/bf16 tensors),
@@ -271,8 +294,7 @@ class TorchRunner:
             return None
         w = self.w
         norms = [w.final_norm[1]] + [n[1] for layer in w.layers for n in (layer.attn_norm, layer.mlp_norm)]
-        products = [w.head] + [p[0] for layer in w.layers
-                               for p in (layer.qkv, layer.o, layer.mlp_in, layer.mlp_out)]
+        products = [w.head] + self._products()
         if w.pos_embed is not None or not torch_triton_gemv.applies(self.config.family == "llama", norms, products):
             return None
         return "plain" if all(isinstance(p, Tensor) for p in products) else "quantized"

@@ -8,12 +8,12 @@ quantized models alike. The product is ``torch_quant_kernel``'s one-row program 
 32-bit words and turned into floats by ``decode_words``, a scale and a shift per word), with
 what the runner otherwise runs as kernels of its own moved inside:
 
-* **Inputs straight from x.** The unfused product takes x regrouped by each input's place in a
-  word and each word's input sum (``torch_layers.kernel_inputs``, fused into the glue kernel
-  before every product). Here a program loads the inputs its words meet from x as the previous
-  kernel wrote it (code j of word i meets input PER i + j), adds the residual, multiplies by the
-  norm's weights and sums each word's inputs itself. A 16-bit row is read as 32-bit words of two
-  inputs: Triton's pipeliner copies 4-byte loads into shared memory ahead of use, 2-byte ones not.
+* **Inputs straight from x.** ``quant_words``' layout puts a word's codes in one group, codes
+  2q and 2q + 1 of a group's word i on its inputs 2Wq + 2i and the next, so a program reads the
+  inputs its words meet from x as the previous kernel wrote it: per group and pair, a contiguous
+  run of 32-bit words of two 16-bit inputs (Triton's pipeliner copies 4-byte loads into shared
+  memory ahead of use, 2-byte ones not). It adds the residual, multiplies by the norm's weights
+  and sums each group's inputs itself (the shift, BASE and offsets folded in once per group).
 * **The norm after the sums.** Each product is linear in its inputs, so 1 / RMS multiplies the
   finished sums: a program sums the squares of the inputs it loads, over the whole row (a
   product with a norm is never split along K). The normalised input is not rounded to the
@@ -25,9 +25,14 @@ what the runner otherwise runs as kernels of its own moved inside:
   (``gdc_wait``); the loop that follows keeps its next steps in flight (Triton's pipeliner, TMA
   on compute capability 9.0 on), and lets the next kernel launch once it is done.
 
-Measured on an H100 these run slower than the compiled glue and the unfused products (each
-program's input work outweighs the glue kernels saved: docs/quantization.md), so the runner
-takes them for quantized weights only with ``decode_products="triton"``.
+Why they are the default only for some quantized models (measured on an H100,
+docs/quantization.md): a fused program does, for every input its words meet, what the glue
+kernel does once (load, add, round, square, normalise, sum), repeated by every thread that holds
+another row of its tile, against a glue kernel of about 3 us before each unfused product. int8
+products, bound by bandwidth rather than instructions, absorb that work (an 8B layer 96.9 against
+101.5 us unfused); so do small int4 layers, where the glue kernels weigh most (a 1B layer 36.2
+against 43.1 us). Large int4 layers do not (8B: 81.2 against 70.7-72.5 us): the one-row int4
+program is bound by its instructions. ``torch_fast.quantized_fusion_pays`` says which.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from tinyinfer.runners.torch_quant_kernel import (
     Config,
     decode_words,
     device_traits,
+    group_words,
     scale_shift,
     tma_fits,
     with_split,
@@ -118,42 +124,43 @@ def _input_pair(x_row, res_row, sum_row, norm_ptr, k2, k_ok, writer, dtype, NORM
 
 
 @triton.jit
-def _step(acc, acc_u, squares, words, words_u, scale, shift, scale_u, shift_u, x_row, res_row, sum_row, norm_ptr,
-          kw, k_ok, writer, code_mask, dtype, BITS: tl.constexpr, NORM: tl.constexpr, ADD_RES: tl.constexpr,
-          GATED: tl.constexpr, EVEN: tl.constexpr, PAIRS: tl.constexpr):
-    """One loop step: per word, sum (BASE + code) * input over its codes, then add scale * that +
-    shift * (its inputs' sum) to the word's accumulator (gate and up rows: GATED); and the
-    inputs' squares (NORM). Code j of word kw meets input PER kw + j (PAIRS: the row pointers
-    are 32-bit words of two 16-bit inputs, codes 2 p and 2 p + 1 meeting word PER / 2 kw + p)."""
+def _step(acc, acc_u, acc_shift, acc_shift_u, squares, words, words_u, scale, shift, scale_u, shift_u, x_row,
+          res_row, sum_row, norm_ptr, base, place, k_ok, writer, code_mask, dtype, BITS: tl.constexpr,
+          GROUP_WORDS: tl.constexpr, NORM: tl.constexpr, ADD_RES: tl.constexpr, GATED: tl.constexpr,
+          EVEN: tl.constexpr, PAIRS: tl.constexpr):
+    """One loop step: per word, sum (BASE + code) * input over its codes and add scale * that to
+    the word's accumulator; per group, shift * (the step's inputs' sum) (gate and up rows:
+    GATED); and the inputs' squares (NORM). Codes 2q and 2q + 1 of the word at ``place`` [G, W]
+    in a group whose first input is ``base`` [G, 1] meet inputs base + 2 GROUP_WORDS q + 2 place
+    and the next (``quant_words``' layout); PAIRS: the row pointers are 32-bit words of two
+    16-bit inputs, so a pair is one load."""
     PER: tl.constexpr = 32 // BITS
     part = tl.zeros_like(acc)
     part_u = part
     xw = tl.zeros_like(squares)
-    if PAIRS:
-        first = kw * (PER // 2)  # [G, W] the pair codes 0 and 1 of each word meet
-        for p in tl.static_range(PER // 2):
-            low, high, sq = _input_pair(x_row, res_row, sum_row, norm_ptr, first + p, k_ok, writer, dtype, NORM,
-                                        ADD_RES, EVEN)
-            xw += low + high
-            squares += sq
-            part += decode_words(words, code_mask, 2 * p, BITS) * low[None, :, :]
-            part += decode_words(words, code_mask, 2 * p + 1, BITS) * high[None, :, :]
-            if GATED:
-                part_u += decode_words(words_u, code_mask, 2 * p, BITS) * low[None, :, :]
-                part_u += decode_words(words_u, code_mask, 2 * p + 1, BITS) * high[None, :, :]
-    else:
-        first = kw * PER  # [G, W] the input each word's code 0 meets
-        for j in tl.static_range(PER):
-            xj, sq = _input(x_row, res_row, sum_row, norm_ptr, first + j, k_ok, writer, dtype, NORM, ADD_RES, EVEN)
-            xw += xj
-            squares += sq
-            part += decode_words(words, code_mask, j, BITS) * xj[None, :, :]
-            if GATED:
-                part_u += decode_words(words_u, code_mask, j, BITS) * xj[None, :, :]
-    acc += part * scale[:, :, None] + shift[:, :, None] * xw[None, :, :]
+    for q in tl.static_range(PER // 2):
+        if PAIRS:
+            low, high, sq = _input_pair(x_row, res_row, sum_row, norm_ptr, base // 2 + q * GROUP_WORDS + place,
+                                        k_ok, writer, dtype, NORM, ADD_RES, EVEN)
+        else:
+            at = base + 2 * q * GROUP_WORDS + 2 * place
+            low, sq_low = _input(x_row, res_row, sum_row, norm_ptr, at, k_ok, writer, dtype, NORM, ADD_RES, EVEN)
+            high, sq = _input(x_row, res_row, sum_row, norm_ptr, at + 1, k_ok, writer, dtype, NORM, ADD_RES, EVEN)
+            sq += sq_low
+        xw += low + high
+        squares += sq
+        part += decode_words(words, code_mask, 2 * q, BITS) * low[None, :, :]
+        part += decode_words(words, code_mask, 2 * q + 1, BITS) * high[None, :, :]
+        if GATED:
+            part_u += decode_words(words_u, code_mask, 2 * q, BITS) * low[None, :, :]
+            part_u += decode_words(words_u, code_mask, 2 * q + 1, BITS) * high[None, :, :]
+    xs = tl.sum(xw, axis=1)  # [G] each group's inputs in this step
+    acc += part * scale[:, :, None]
+    acc_shift += shift * xs[None, :]
     if GATED:
-        acc_u += part_u * scale_u[:, :, None] + shift_u[:, :, None] * xw[None, :, :]
-    return acc, acc_u, squares
+        acc_u += part_u * scale_u[:, :, None]
+        acc_shift_u += shift_u * xs[None, :]
+    return acc, acc_u, acc_shift, acc_shift_u, squares
 
 
 @triton.jit
@@ -192,6 +199,7 @@ def _fused_quant_kernel(
     PER: tl.constexpr = 32 // BITS
     BASE: tl.constexpr = 128 if BITS == 4 else 384
     BLOCK_WORDS: tl.constexpr = BLOCK_K // PER
+    GROUP_WORDS: tl.constexpr = GROUP // PER if GROUP > 0 else ROW_WORDS
     row_words = ROW_WORDS
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -230,10 +238,14 @@ def _fused_quant_kernel(
     writer = pid_n == 0  # the program that stores the residual sum
     acc = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS], tl.float32)
     acc_u = acc
+    acc_shift = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK], tl.float32)
+    acc_shift_u = acc_shift
     squares = tl.zeros([GROUPS_PER_BLOCK, SPAN_WORDS], tl.float32)
-    acc, acc_u, squares = _step(acc, acc_u, squares, words, words_u, scale, shift, scale_u, shift_u, x_row, res_row,
-                                sum_row, norm_row, kw, k_ok, writer, code_mask, dtype, BITS, NORM, ADD_RES, GATED,
-                                EVEN, PAIRS)
+    base, place = group_words(first, g, w, BLOCK_WORDS, SPAN_WORDS, GROUP_WORDS, GROUP)
+    acc, acc_u, acc_shift, acc_shift_u, squares = _step(
+        acc, acc_u, acc_shift, acc_shift_u, squares, words, words_u, scale, shift, scale_u, shift_u, x_row, res_row,
+        sum_row, norm_row, base, place, k_ok, writer, code_mask, dtype, BITS, GROUP_WORDS, NORM, ADD_RES, GATED,
+        EVEN, PAIRS)
     # The loop carries no loaded value from one step to the next: Triton's pipeliner issues the
     # loads of the next STAGES - 1 steps while this one computes.
     for step in tl.range(1, trip_count(steps, INTERPRETED_STEPS), num_stages=STAGES):
@@ -243,15 +255,17 @@ def _fused_quant_kernel(
         words, words_u, scale, shift, scale_u, shift_u = _tiles(
             words_ptr, scales_ptr, offsets_ptr, row_at, up_at, n, n_ok, N, block, g, kw, k_ok, num_groups,
             BLOCK_N, BLOCK_K, GROUPS_PER_BLOCK, SPAN_WORDS, GROUP, BASE, ZERO, HAS_OFFSETS, GATED, EVEN, TMA)
-        acc, acc_u, squares = _step(acc, acc_u, squares, words, words_u, scale, shift, scale_u, shift_u, x_row,
-                                    res_row, sum_row, norm_row, kw, k_ok, writer, code_mask, dtype, BITS, NORM,
-                                    ADD_RES, GATED, EVEN, PAIRS)
+        base, place = group_words(block, g, w, BLOCK_WORDS, SPAN_WORDS, GROUP_WORDS, GROUP)
+        acc, acc_u, acc_shift, acc_shift_u, squares = _step(
+            acc, acc_u, acc_shift, acc_shift_u, squares, words, words_u, scale, shift, scale_u, shift_u, x_row,
+            res_row, sum_row, norm_row, base, place, k_ok, writer, code_mask, dtype, BITS, GROUP_WORDS, NORM,
+            ADD_RES, GATED, EVEN, PAIRS)
     if PDL:  # the next kernel may launch now: its first words load under this tail
         gdc_launch_dependents()
-    gate = tl.sum(tl.sum(acc, axis=2), axis=1)
+    gate = tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_shift, axis=1)
     up = gate
     if GATED:
-        up = tl.sum(tl.sum(acc_u, axis=2), axis=1)
+        up = tl.sum(tl.sum(acc_u, axis=2), axis=1) + tl.sum(acc_shift_u, axis=1)
     if NORM:  # every product above is linear in the inputs: 1 / RMS multiplies the sums
         rstd = tl.rsqrt(tl.sum(tl.sum(squares, axis=1), axis=0) / K + eps)
         gate *= rstd
@@ -262,11 +276,16 @@ def _fused_quant_kernel(
 
 
 def pick_config(n: int, k: int, bits: int, processors: int, tma: bool = False, norm: bool = False) -> Config:
-    """The one-row program's tiles: BLOCK_N rows by 512 (int4) or 256 (int8) inputs a step on
-    two warps, 3 (int4) or 4 (int8) steps in flight; K split only while the output tiles leave
-    multiprocessors idle, and never under a norm (each program sums the whole row's squares).
+    """The one-row program's tiles, measured fastest on an H100 at the 1B and 8B shapes
+    (docs/quantization.md): BLOCK_N rows by 512 inputs a step on two warps, 3 (int4) or 4 (int8)
+    steps in flight; int4 products without a norm 64 rows by 256 on four warps (1B o 4.8 against
+    5.4 us, down 9.4 against 10.4). K split only while the output tiles leave multiprocessors
+    idle, and never under a norm (each program sums the whole row's squares).
     n: outputs (a gated product's programs read two rows of each)."""
-    config = Config(BLOCK_N, 512 if bits == 4 else 256, num_warps=2, num_stages=3 if bits == 4 else 4, tma=tma)
+    if bits == 4 and not norm:
+        config = Config(64, 256, num_warps=4, num_stages=4, tma=tma)
+    else:
+        config = Config(BLOCK_N, 512, num_warps=2, num_stages=3 if bits == 4 else 4, tma=tma)
     return config if norm else with_split(config, 1, n, k, processors, programs_per_processor=1)
 
 

@@ -15,10 +15,15 @@ to ``tinyinfer.quant.dequantize``.
   program each) sums (BASE + code) * x per word in float32 and folds the scale and offset in
   per word; more rows dequantize a tile to the activations' dtype and run it through the
   matrix units (``tl.dot``), the rows padded to 16.
-* **Columns by code.** Code j of consecutive words meets inputs j, j + PER, j + 2 PER, ...;
-  the caller hands x over in float32 with its columns regrouped that way, plus each word's
-  input sum (``torch_layers.kernel_inputs``, fused into the kernel that made x), so each of
-  those loads is contiguous.
+* **Columns by code.** A word's codes lie in one group (``quant_words``' layout: codes 2q and
+  2q + 1 of a group's word i meet its inputs 2Wq + 2i and the next); the caller hands x over in
+  float32 regrouped by code, the inputs that code j of every word meets side by side (one run
+  of the row's words per code), plus each word's input sum (``torch_layers.kernel_inputs``,
+  fused into the kernel that made x), so each of those loads is contiguous. The one-row int4
+  program is bound by its instructions (a shift, a logic operation and a multiply-add per
+  weight, 3.5-5 SASS instructions a weight all told): the glue kernel prepares x once, where a
+  fused program would repeat that work in every thread holding another row
+  (``torch_quant_gemv`` does, where it pays).
 * **Tiles in flight.** A program's loop carries no loaded value over to the next step, and its
   ``tl.range`` names a pipeline depth, so Triton's software pipeliner issues the loads of the
   next two or three steps into shared memory while this one computes (it stages loads that feed
@@ -127,6 +132,20 @@ def scale_shift(scales_ptr, offsets_ptr, rows, rows_ok, block, g, num_groups, BL
 
 
 @triton.jit
+def group_words(block, g, w, BLOCK_WORDS: tl.constexpr, SPAN_WORDS: tl.constexpr, GROUP_WORDS: tl.constexpr,
+                GROUP: tl.constexpr):
+    """Where loop step ``block``'s [G, W] tile of words lies in its groups (``quant_words``'
+    layout): each group's first input column [G, 1], and each word's place in its group [G, W]."""
+    if GROUP == 0:  # one group per row, of GROUP_WORDS words
+        return g[:, None] * 0, block * BLOCK_WORDS + w[None, :] + g[:, None] * 0
+    elif SPAN_WORDS == GROUP_WORDS:  # whole groups in a step
+        return (block * (BLOCK_WORDS // SPAN_WORDS) + g[:, None]) * GROUP, w[None, :] + g[:, None] * 0
+    else:  # one group over several steps
+        first = block * BLOCK_WORDS
+        return (first // GROUP_WORDS) * GROUP + g[:, None] * 0, first % GROUP_WORDS + w[None, :] + g[:, None] * 0
+
+
+@triton.jit
 def _quant_matmul_kernel(
     x_ptr, xsum_ptr, words_ptr, scales_ptr, offsets_ptr, out_ptr, partial_ptr, counters_ptr,
     M, N, K, steps, code_mask, ROW_WORDS: tl.constexpr,
@@ -137,12 +156,11 @@ def _quant_matmul_kernel(
 ):
     """out[M, N] = x @ W^T, W [N, K] from packed codes. Programs: (N tiles, splits, M tiles).
 
-    x comes in float32 as [M, PER, K / PER], its columns regrouped by their place in a word
-    (x[m, j, i] is input column i * PER + j), so the inputs that meet code j of consecutive
-    words lie together; xsum [M, K / PER] holds, per word, the sum of the inputs its codes meet.
-
-    A loop step reads BLOCK_K inputs of BLOCK_N rows as a [BLOCK_N, GROUPS_PER_BLOCK,
-    SPAN_WORDS] tile of words: each (row, group) pair shares one scale and offset.
+    x comes in float32 as [M, PER, K / PER], x[m, j, i] the input code j of word i meets
+    (``torch_layers.kernel_inputs``), so the inputs that meet code j of consecutive words lie
+    together; xsum [M, K / PER] holds, per word, the sum of the inputs its codes meet, for the
+    shift. A loop step reads BLOCK_K inputs of BLOCK_N rows as a [BLOCK_N, GROUPS_PER_BLOCK,
+    SPAN_WORDS] tile of words: each (row, group) pair shares one scale and shift.
     """
     PER: tl.constexpr = 32 // BITS
     row_words = ROW_WORDS  # a constant: the inputs of code j sit at a fixed offset from code 0's
@@ -180,9 +198,9 @@ def _quant_matmul_kernel(
                                    ZERO, HAS_OFFSETS, EVEN)
         if DOT:
             # weight = (BASE + code) * scale + shift, rounded to x's dtype, through the matrix units
+            kx = block * BLOCK_WORDS + flat  # [BLOCK_WORDS] words, code j of each
             for j in tl.static_range(PER):
                 weight = decode_words(words, code_mask, j, BITS) * scale[:, :, None] + shift[:, :, None]
-                kx = block * BLOCK_WORDS + flat  # [BLOCK_WORDS] words, code j of each
                 xt = tl.load(x_ptr + m[None, :] * K + j * row_words + kx[:, None],
                              mask=m_ok[None, :] & (kx < row_words)[:, None], other=0.0)  # [BW, BM]
                 tile = tl.reshape(weight, [BLOCK_N, BLOCK_WORDS]).to(out_ptr.dtype.element_ty)
@@ -191,9 +209,9 @@ def _quant_matmul_kernel(
                 else:
                     acc = tl.dot(tile, xt.to(out_ptr.dtype.element_ty), acc)
         else:
-            # per word: (BASE + code) * x summed over its codes, then scale * that + shift *
-            # (its inputs' sum): a shift, a logic operation and a multiply-add per weight
-            row = x_ptr + pid_m * K + kw  # [G, W]
+            # per word: (BASE + code) * x summed over its codes, then scale * that + shift * (its
+            # inputs' sum): a shift, a logic operation and a multiply-add per weight
+            row = x_ptr + pid_m * K + kw  # [G, W]: the input code 0 of each word meets
             part = decode_words(words, code_mask, 0, BITS) * load(row, k_ok, EVEN)[None, :, :]
             for j in tl.static_range(1, PER):
                 xj = load(row + j * row_words, k_ok, EVEN)  # [G, W]
@@ -227,19 +245,30 @@ def _quant_matmul_kernel(
 def pick_config(m: int, n: int, k: int, bits: int, processors: int, tma: bool = False) -> Config:
     """Tiles for an [m, k] x [k, n] product, as measured fastest on an H100 (docs/quantization.md,
     ``scripts/gpu_quant_kernels.py --candidates``; ``tma``: the words may come through tensor
-    descriptors). One row (two for int4): the elementwise program, 8 weight rows by 512 (int4) or
-    256 (int8) inputs a step on two warps, 3 (int4) or 4 (int8) steps in flight, K split only
-    while the tiles leave multiprocessors idle. 3..16 rows: the matrix units, 64 weight rows by
+    descriptors). One row (two for int4): the elementwise program (``one_row_config``), K split
+    only while the tiles leave multiprocessors idle. 3..16 rows: the matrix units, 64 weight rows by
     256 (int4) or 128 (int8) inputs, split K to about four programs per multiprocessor. More rows
     (prefill chunks): 64 x 128 tiles, whose float32 inputs fit shared memory three steps deep."""
     if m <= ELEMENTWISE_ROWS[bits]:
-        config = Config(8, 512 if bits == 4 else 256, num_warps=2, num_stages=3 if bits == 4 else 4, tma=tma)
-        return with_split(config, m, n, k, processors, programs_per_processor=1)
+        return with_split(one_row_config(n, k, bits, tma), m, n, k, processors, programs_per_processor=1)
     if m <= 16:
         config = Config(64, 256 if bits == 4 else 128, num_stages=3, dot=True, tma=tma)
     else:
         config = Config(64, 128, num_stages=3, dot=True, tma=tma)
     return with_split(config, m, n, k, processors)
+
+
+def one_row_config(n: int, k: int, bits: int, tma: bool) -> Config:
+    """The elementwise program's tiles for an [n, k] weight, measured fastest on an H100 at the
+    1B and 8B shapes (docs/quantization.md): two warps; int4 3 steps in flight, int8 4. For int4,
+    16 weight rows a program where there are many outputs (each program's per-step work, its
+    loads and their waits, spread over more weights: inside the 8B int4 model's step, gate|up
+    26.3 against 28.0 us, the head 98.7 against 111.3), else 8 rows by 512 inputs: the down
+    products' long rows too (64 x 256 on four warps, split in four, was faster alone, 17.1
+    against 19.6 us, and slower inside the model's step, 17.6 against 17.1)."""
+    if bits == 8:  # 16 x 512 for long rows (8B down 24.6 against 25.4 us), else 8 x 256
+        return Config(16 if k >= 2 * n else 8, 512 if k >= 2 * n else 256, num_warps=2, num_stages=4, tma=tma)
+    return Config(16 if n >= 8192 else 8, 512, num_warps=2, num_stages=3, tma=tma)
 
 
 def with_split(config: Config, m: int, n: int, k: int, processors: int,
@@ -282,26 +311,27 @@ def tma_fits(words: Tensor) -> bool:
     return words.is_contiguous() and words.shape[1] % 4 == 0 and words.data_ptr() % 16 == 0
 
 
-def quant_matmul(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | None,
+def quant_matmul(x: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | None,
                  bits: int, group_size: int, zero: int, out_dtype: torch.dtype,
                  config: Config | None = None) -> Tensor:
-    """x W^T for W packed as ``torch_layers.KernelWeight``, x as ``torch_layers.kernel_inputs``.
+    """x W^T for W packed as ``torch_layers.KernelWeight``, x and xsum as
+    ``torch_layers.kernel_inputs`` gives them.
 
-    xg: float32 [M, PER, K / PER], xsum: float32 [M, K / PER]; words: int32 [N, K bits / 32];
+    x: float32 [M, 32 / bits, K bits / 32], xsum: float32 [M, K bits / 32]; words: int32 [N, K bits / 32];
     scales: float16 [N, groups]; offsets: None or [N, groups].  -> [M, N] in out_dtype.
     ``config`` overrides the tile choice (benchmarks sweep it).
     """
-    m, k = xg.shape[0], xg.shape[1] * xg.shape[2]
+    m, k = x.shape[0], x.shape[1] * x.shape[2]
     n = words.shape[0]
     if config is None:
-        processors, tma = device_traits(xg.device)
+        processors, tma = device_traits(x.device)
         config = pick_config(m, n, k, bits, processors, tma and tma_fits(words))
-    out = torch.empty((m, n), dtype=out_dtype, device=xg.device)
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     block_m = rows_per_tile(m, config)
     grid = (triton.cdiv(n, config.block_n), config.split_k, triton.cdiv(m, block_m))
     if config.split_k > 1:
-        partial = torch.empty((config.split_k, m, n), dtype=torch.float32, device=xg.device)
-        counters = split_counters(grid[0] * grid[2], xg.device)
+        partial = torch.empty((config.split_k, m, n), dtype=torch.float32, device=x.device)
+        counters = split_counters(grid[0] * grid[2], x.device)
     else:
         partial = counters = out  # unused
     # Inputs of one group inside a loop step; a row that is one group (per-row int8) is one
@@ -312,7 +342,7 @@ def quant_matmul(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offset
     if config.tma:  # [BLOCK_N, BLOCK_WORDS] tiles of the words, loaded by the copy engine
         words = TensorDescriptor.from_tensor(words, [config.block_n, config.block_k // PER_WORD[bits]])
     _quant_matmul_kernel[grid](
-        xg.contiguous(), xsum.contiguous(), words, scales, scales if offsets is None else offsets, out,
+        x.contiguous(), xsum.contiguous(), words, scales, scales if offsets is None else offsets, out,
         partial, counters, m, n, k, steps, CODE_MASK[bits], ROW_WORDS=k // PER_WORD[bits],
         INTERPRETED_STEPS=steps if INTERPRETED else 0, BITS=bits,
         GROUP=0 if group_size == k else group_size, ZERO=zero, HAS_OFFSETS=offsets is not None,
@@ -327,13 +357,13 @@ def quant_matmul(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offset
 
 
 @torch.library.custom_op("tinyinfer::quant_matmul", mutates_args=())
-def quant_matmul_op(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | None,
+def quant_matmul_op(x: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | None,
                     bits: int, group_size: int, zero: int, out_dtype: torch.dtype) -> Tensor:
     """``quant_matmul`` as an operator: torch.compile calls it as it is, without tracing into it."""
-    return quant_matmul(xg, xsum, words, scales, offsets, bits, group_size, zero, out_dtype)
+    return quant_matmul(x, xsum, words, scales, offsets, bits, group_size, zero, out_dtype)
 
 
 @quant_matmul_op.register_fake
-def _(xg: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | None, bits: int,
+def _(x: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets: Tensor | None, bits: int,
       group_size: int, zero: int, out_dtype: torch.dtype) -> Tensor:
-    return xg.new_empty((xg.shape[0], words.shape[0]), dtype=out_dtype)
+    return x.new_empty((x.shape[0], words.shape[0]), dtype=out_dtype)

@@ -50,7 +50,8 @@ def _dequantize_words_kernel(words_ptr, scales_ptr, offsets_ptr, out_ptr, first_
                              BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
     """out[n, :] = weight row first_row + n, for n < rows: a [BLOCK_N, BLOCK_W words] tile each.
 
-    Code j of a word is column word * PER + j; GROUP 0 means one group per row (per-row int8).
+    Code j of word w is column (w // SPAN) GROUP + 2 SPAN (j // 2) + 2 (w % SPAN) + j % 2
+    (``quant_words``' layout, SPAN words to a group); GROUP 0 means one group per row (per-row int8).
     """
     PER: tl.constexpr = 32 // BITS
     K: tl.constexpr = ROW_WORDS * PER
@@ -65,20 +66,19 @@ def _dequantize_words_kernel(words_ptr, scales_ptr, offsets_ptr, out_ptr, first_
         codes = (words[:, :, None] << (24 - 8 * j)[None, None, :]) >> 24
     else:
         codes = (words[:, :, None] >> (4 * j)[None, None, :]) & 0xF
-    col = w[:, None] * PER + j[None, :]  # [BW, PER]
     if GROUP > 0:
-        group = col // GROUP
+        SPAN: tl.constexpr = GROUP // PER
+        col = (w // SPAN * GROUP + 2 * (w % SPAN))[:, None] + (j // 2 * 2 * SPAN + j % 2)[None, :]  # [BW, PER]
+        group = (w // SPAN)[:, None] + j[None, :] * 0
     else:
+        col = (2 * w)[:, None] + (j // 2 * 2 * ROW_WORDS + j % 2)[None, :]
         group = col * 0
     at = row[:, None, None] * NUM_GROUPS + group[None, :, :]  # [BN, BW, PER]
-    ok = n_ok[:, None, None] & (col < K)[None, :, :]
+    ok = n_ok[:, None, None] & (w < ROW_WORDS)[None, :, None]
     value = (codes - ZERO).to(tl.float32) * tl.load(scales_ptr + at, mask=ok, other=0).to(tl.float32)
     if HAS_OFFSETS:
         value += tl.load(offsets_ptr + at, mask=ok, other=0).to(tl.float32)
-    cols = tl.program_id(1) * BLOCK_W * PER + tl.arange(0, BLOCK_W * PER)
-    tl.store(out_ptr + n[:, None] * K + cols[None, :],
-             tl.reshape(value, [BLOCK_N, BLOCK_W * PER]).to(out_ptr.dtype.element_ty),
-             mask=n_ok[:, None] & (cols < K)[None, :])
+    tl.store(out_ptr + n[:, None, None] * K + col[None, :, :], value.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit

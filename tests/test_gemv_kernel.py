@@ -94,6 +94,22 @@ def test_runner_decodes_through_the_fused_products_as_through_torch(name, oracle
         "assert [r.describe()['decode_products'] for r in runners] == ['torch', 'triton']\n"))
 
 
+@needs_triton
+def test_a_broken_kernel_module_is_an_error_not_the_slow_path(oracle_model):
+    """Where the kernels run (here Triton's CPU interpreter), an ImportError from tinyinfer's own
+    kernel modules reaches the caller; only a Triton too old for them means "no fused products"
+    (a moved helper once sent a GPU benchmark down the slower path without a word)."""
+    folder, _ = oracle_model("llama-gqa-untied")
+    run_interpreted(
+        "import sys\nimport tinyinfer\n"
+        "sys.modules['tinyinfer.runners.torch_triton_gemv'] = None  # its import now fails\n"
+        "try:\n"
+        f"    tinyinfer.load({str(folder)!r}, runner='torch', device='cpu', decode_products='triton')\n"
+        "except ImportError as error:\n"
+        "    assert error.name == 'tinyinfer.runners.torch_triton_gemv', error\n"
+        "    print('ok')\n")
+
+
 def test_decode_products_option_is_checked_and_described(oracle_model, without_triton_interpreter):
     folder, _ = oracle_model("llama-gqa-untied")
     model = tinyinfer.load(folder, runner="torch", device="cpu")

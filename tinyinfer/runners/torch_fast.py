@@ -290,7 +290,9 @@ class TorchRunner:
         "quantized" (some in the Triton kernels' int8/int4 layout), or None."""
         try:
             from tinyinfer.runners import torch_triton_gemv
-        except ImportError:  # a Triton too old for the kernels (no programmatic dependent launch)
+        except ImportError as missing:  # a Triton too old for the kernels (no programmatic
+            if not (missing.name or "").startswith("triton"):  # dependent launch); not our own
+                raise
             return None
         w = self.w
         norms = [w.final_norm[1]] + [n[1] for layer in w.layers for n in (layer.attn_norm, layer.mlp_norm)]

@@ -447,7 +447,7 @@ class ShardRunner(TorchRunner):
         if self.world == 1:
             return x
         with self.clock.span("all_reduce"):
-            if self._symm and x.numel() * x.element_size() <= SYMM_MEM_MAX_BYTES:
+            if self._symm and x.dtype == self.dtype and x.numel() * x.element_size() <= SYMM_MEM_MAX_BYTES:
                 buffer = self._symm[self._symm_turn][:x.numel()].view(x.shape)
                 self._symm_turn ^= 1
                 out = torch.empty_like(x)

@@ -537,14 +537,16 @@ class TorchRunner:
 
         if step.prefills is None and not step.decode_groups:
             return decode(None, step.decode_tables)
-        rows = step.prefill_rows
-        if step.prefills is not None and rows is None:  # every row is a prefill chunk's
-            return self.prefill_attention(qkv, step.prefills, k_cache, v_cache, self.cos, self.sin,
-                                          c.num_heads, **scales)  # [T, H hd]
-        out = qkv.new_empty((qkv.shape[0], c.num_heads * c.head_dim))  # [T, H hd]
+        rows, prefilled = step.prefill_rows, None
         if step.prefills is not None:
-            out[rows] = self.prefill_attention(qkv[rows], step.prefills, k_cache, v_cache, self.cos,
-                                               self.sin, c.num_heads, **scales)  # [Tp, H hd]
+            prefilled = self.prefill_attention(qkv if rows is None else qkv[rows], step.prefills,
+                                               k_cache, v_cache, self.cos, self.sin, c.num_heads,
+                                               **scales)  # [Tp, H hd]
+            if rows is None:  # every row is a prefill chunk's
+                return prefilled
+        out = qkv.new_empty((qkv.shape[0], c.num_heads * c.head_dim))  # [T, H hd]
+        if prefilled is not None:
+            out[rows] = prefilled
         for group in step.decode_groups:
             out[group.rows] = decode(group.rows, group.tables)
         return out

@@ -18,7 +18,7 @@ through ``tinyinfer.bench.shapes.bench_latency`` (prompt 512, 128 tokens), the 7
 profile_8b_tp1 / _tp2: torch.profiler over 20 decode steps on rank 0 — GPU kernel time, NCCL
 kernel time and GPU idle time per step, and the kernel table in DIR/profile_tp<N>.txt.
 
-8b_tp<N>[_nccl|_symm_mem][_async][_profile|_batch32|_profile_batch32]: the 8B shape at prompt 128,
+8b_tp<N>[_nccl|_symm_mem|_push][_async][_profile|_batch32|_profile_batch32]: the 8B shape at prompt 128,
 256 new tokens (the default all-reduce, or the one named), with a profile (decode steps by region,
 the GPU's idle gaps, rank 0's host time by Python function, prefill steps) and/or the decode rate
 of 32 sequences; _async: also with asynchronous scheduling (the profile then of its steps); 70b_tp4_symm_mem: the 70B shape the same way, at TP=4; cli_tp<N>[...][_torchrun]: ``tinyinfer bench latency`` as a user runs it
@@ -26,8 +26,8 @@ of 32 sequences; _async: also with asynchronous scheduling (the profile then of 
 shows a leaked semaphore, an abort or a traceback; gpt_fast_tp<N>: scripts/peer_gpt_fast.py at
 the same shape (torchrun for N > 1; the checkout at $GPT_FAST, default peers/gpt-fast);
 all_reduce_tp<N>_small / _LL / _LL128: the sweep over decode-sized messages with NCCL's
-protocol as named, each also through torch's symmetric-memory one-shot and two-shot and after
-a matrix product. scripts/tp_scaling.sh runs these in one call on a 4-GPU host.
+protocol as named, each also through torch's symmetric-memory one-shot and two-shot, the push
+all-reduce (``all_reduce="push"``, messages up to 64 KB), and after a matrix product. scripts/tp_scaling.sh runs these in one call on a 4-GPU host.
 """
 
 from __future__ import annotations
@@ -145,12 +145,12 @@ def gqa(world: int, dtype: str, **options: Any) -> tuple[dict, Any]:
                                           dtype=dtype, **options), prompts)
 
 
-def fused_decode_check(world: int) -> tuple[dict, None]:
+def fused_decode_check(world: int, all_reduce: str = "symm_mem") -> tuple[dict, None]:
     """Batch-1 decode logits of the fused products under TP against one GPU: a random GQA Llama
     (8 heads, 4 KV heads, V = 1001, tinyinfer's ``random_llama_folder``), a 40-token prompt, then
     24 decode steps fed the same tokens on every runner (CUDA graphs on, compile off). Each bf16
     runner's error against one GPU in float32: one GPU's own (fused products) and TP's (fused
-    products, symmetric-memory all-reduce). A wrong fused shard (a missing residual, a rank's share
+    products, the all-reduce named: torch's symmetric-memory one-shot by default). A wrong fused shard (a missing residual, a rank's share
     dropped) is off by the logits' own size; rounding by bf16's. One TP model per stage: a second
     symmetric-memory TP model loaded in the same process hung in its rendezvous."""
     from tinyinfer.runners.runner import make_batch
@@ -186,7 +186,7 @@ def fused_decode_check(world: int) -> tuple[dict, None]:
         folder, runner="torch", device="cuda", dtype="bfloat16", compile=False)))
     result[f"tp{world}_fused"] = error(*decode_logits(tinyinfer.load(
         folder, runner="torch", device="cuda", dtype="bfloat16", compile=False,
-        tensor_parallel=world, all_reduce="symm_mem")))
+        tensor_parallel=world, all_reduce=all_reduce)))
     return result, None
 
 
@@ -240,6 +240,12 @@ def _all_reduce_rank(rank: int, world: int, port: int, results: Any, sizes: tupl
     buffers, group = _symm_buffers(max(small) // 2)
     turn = [0]
     rows = []
+    from tinyinfer.runners.tp.push_all_reduce import PUSH_MAX_BYTES, PushAllReduce
+
+    pusher = PushAllReduce.in_symmetric_memory(group, rank, world, torch.bfloat16, torch.device("cuda", rank))
+
+    def push(x: torch.Tensor, out: torch.Tensor) -> None:
+        pusher(x, out)
 
     def one_shot(x: torch.Tensor, out: torch.Tensor) -> None:
         view = buffers[turn[0]][:x.numel()]
@@ -272,7 +278,8 @@ def _all_reduce_rank(rank: int, world: int, port: int, results: Any, sizes: tupl
         if nbytes in small:
             x = torch.randn(nbytes // 2, generator=gen, device="cuda").to(torch.bfloat16)
             out = torch.empty_like(x)
-            for name, fn in (("one_shot", one_shot), ("two_shot", two_shot)):
+            kinds = (("one_shot", one_shot), ("two_shot", two_shot)) + ((("push", push),) if nbytes <= PUSH_MAX_BYTES else ())
+            for name, fn in kinds:
                 want = x.clone()
                 dist.all_reduce(want)
                 fn(x, out)
@@ -289,13 +296,14 @@ def _all_reduce_rank(rank: int, world: int, port: int, results: Any, sizes: tupl
     mm_only = _graph_us(lambda: torch.mm(a, w, out=h), 64)
     inter = {"matmul_us": mm_only}
     for name, reduce in (("nccl", lambda: dist.all_reduce(h)), ("one_shot", lambda: one_shot(h, out)),
-                         ("two_shot", lambda: two_shot(h, out))):
+                         ("two_shot", lambda: two_shot(h, out)), ("push", lambda: push(h, out))):
         inter[f"{name}_added_us"] = _graph_us(lambda reduce=reduce: (torch.mm(a, w, out=h), reduce()), 64) - mm_only
     if rank == 0:
         results.put({"sizes": rows, "after_matmul_8kb": inter,
                      "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}})
     dist.barrier()
     buffers.clear()
+    del pusher
     dist.destroy_process_group()
 
 
@@ -691,7 +699,7 @@ def stages(out: Path) -> dict[str, Callable[[], tuple[Any, Any]]]:
     }
     peers = Path(os.environ.get("GPT_FAST", "peers/gpt-fast"))
     for world in (1, 2, 4):
-        for kind in ("nccl", "symm_mem"):
+        for kind in ("nccl", "symm_mem", "push"):
             table[f"8b_tp{world}_{kind}"] = lambda world=world, kind=kind: scaling(
                 world, out, **({} if world == 1 else {"all_reduce": kind}))
             table[f"8b_tp{world}_{kind}_profile"] = lambda world=world, kind=kind: scaling(
@@ -714,8 +722,11 @@ def stages(out: Path) -> dict[str, Callable[[], tuple[Any, Any]]]:
     table["8b_tp2_nccl_timed"] = lambda: scaling(2, out, time_collectives=True)
     table["70b_tp4_symm_mem"] = lambda: scaling(4, out, shape="llama-2-70b", all_reduce="symm_mem")
     table["bundled_tp2_symm_mem"] = lambda: bundled_tp2(compile=False, all_reduce="symm_mem")
-    table["fused_check_tp2"] = lambda: fused_decode_check(2)
-    table["fused_check_tp4"] = lambda: fused_decode_check(4)
+    for world in (2, 4):
+        table[f"fused_check_tp{world}"] = lambda world=world: fused_decode_check(world)
+        table[f"fused_check_tp{world}_push"] = lambda world=world: fused_decode_check(world, "push")
+        table[f"gqa_tp{world}_push_float32"] = lambda world=world: gqa(
+            world, "float32", compile=False, all_reduce="push")
     table["8b_tp4_symm_mem_async_profile_batch32"] = lambda: scaling(
         4, out, profile_steps=20, batch=32, async_too=True, all_reduce="symm_mem")
     table["70b_tp4_symm_mem_async"] = lambda: scaling(4, out, shape="llama-2-70b", async_too=True,

@@ -12,6 +12,8 @@
 #                                                # logits against one GPU, ours at TP=1, 2 and 4 (each also
 #                                                # asynchronous), batch 32 and the 70B at TP=4, gpt-fast at
 #                                                # TP=1, 2 and 4 (about 560 s; BUDGET=540 skips what would not fit)
+#   bash scripts/tp_scaling.sh OUT_DIR push      # a 4-GPU host: the push all-reduce checked, swept and timed
+#                                                # against torch's one-shot kernel at TP=1, 2 and 4 (about 420 s)
 #   bash scripts/tp_scaling.sh OUT_DIR fused_rest  # a 4-GPU host: what 'fused' could not fit, the 70B and
 #                                                # gpt-fast at TP=4 and TP=2, with ours at TP=4 and TP=1 as
 #                                                # the same-call reference (about 470 s)
@@ -25,8 +27,8 @@
 # gqa stages, transformers with its own regex: don't shadow it with an older regex wheel).
 # Results: OUT_DIR/summary.json (every group's tp_gpu_check.json, by group), OUT_DIR/logs.txt and
 # the profiles' kernel tables (the device machine returns only a few files).
-out=${1:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers|fused|fused_rest|same_call}
-mode=${2:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers|fused|fused_rest|same_call}
+out=${1:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers|fused|fused_rest|same_call|push}
+mode=${2:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers|fused|fused_rest|same_call|push}
 here=$(cd "$(dirname "$0")" && pwd)
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -163,6 +165,19 @@ elif [ "$mode" = same_call ]; then
   group 0,1,2,3 100 8b_tp4_symm_mem_async_profile
   group 0,1,2,3 100 70b_tp4_symm_mem_async
   group 0,1,2,3 60 fused_check_tp4
+elif [ "$mode" = push ]; then
+  # the push all-reduce: checked against one GPU (float32 GQA and the fused bf16 shards at TP=4),
+  # swept beside NCCL and torch's kernels at TP=2, then ours at TP=1, 2 and 4 (asynchronous) with
+  # torch's one-shot kernel and with push, the TP=2 pairs side by side on separate CPU halves
+  cores=$(nproc)
+  group 0,1,2,3 90 gqa_tp4_push_float32 fused_check_tp4_push
+  (CPUS=0-$((cores / 2 - 1)) group 0,1 80 8b_tp2_push_async
+   CPUS=0-$((cores / 2 - 1)) group 0 70 8b_tp1_symm_mem_async) &
+  (CPUS=$((cores / 2))-$((cores - 1)) group 2,3 50 all_reduce_tp2_small
+   CPUS=$((cores / 2))-$((cores - 1)) group 2,3 80 8b_tp2_symm_mem_async) &
+  wait
+  group 0,1,2,3 100 8b_tp4_push_async_profile
+  group 0,1,2,3 80 8b_tp4_symm_mem_async
 elif [ "$mode" = fused_rest ]; then
   # each alone on the host except gpt-fast at TP=2 (GPUs 0,1) beside ours at TP=1 (GPU 2)
   group 0,1,2,3 100 70b_tp4_symm_mem_async

@@ -632,8 +632,9 @@ def test_all_reduce_choices_and_their_refusals():
 
     assert pick_all_reduce("auto", "cpu", [0, 1]) == "nccl"  # gloo's all-reduce on CPU
     assert pick_all_reduce("auto", "cuda", None) == "nccl"  # ranks on several hosts
-    with pytest.raises(TinyInferError, match="needs CUDA"):
-        tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu", all_reduce="symm_mem")
+    for kind in ("symm_mem", "push"):
+        with pytest.raises(TinyInferError, match="needs CUDA"):
+            tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu", all_reduce=kind)
     with pytest.raises(TinyInferError, match="must be one of"):
         tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu", all_reduce="ring")
 
@@ -641,6 +642,7 @@ def test_all_reduce_choices_and_their_refusals():
 @pytest.mark.parametrize("flags, message", [
     (("--all-reduce", "nccl"), "apply to a model split with --tensor-parallel"),
     (("--tensor-parallel", "2", "--all-reduce", "symm_mem"), "needs CUDA"),
+    (("--tensor-parallel", "2", "--all-reduce", "push"), "needs CUDA"),
 ])
 def test_cli_all_reduce_flags_are_checked(flags, message):
     import subprocess

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from tinyinfer.cli.common import add_threads_arg, positive_int
-from tinyinfer.runners.runner import KV_CACHE_DTYPES
+from tinyinfer.runners.runner import ALL_REDUCES, KV_CACHE_DTYPES
 
 
 def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") -> None:
@@ -37,9 +37,11 @@ def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") ->
                              "computed alone (every decode-only step through the batch-invariant "
                              "products), so speculative greedy output is plain greedy output in "
                              "bf16 too; costs speed at one row (docs/fast-path.md)")
-    parser.add_argument("--all-reduce", choices=("auto", "nccl", "symm_mem"), default=None,
+    parser.add_argument("--all-reduce", choices=ALL_REDUCES, default=None,
                         help="how tensor-parallel ranks sum partial results: nccl, or symm_mem "
-                             "(one kernel reading the peers' buffers over NVLink; CUDA), or auto "
+                             "(one kernel reading the peers' buffers over NVLink; CUDA), or push "
+                             "(small messages written straight into the peers' buffers, the rest "
+                             "as symm_mem; CUDA), or auto "
                              "(symm_mem where every GPU can read every other's memory) (default: nccl)")
     parser.add_argument("--time-collectives", action="store_true",
                         help="time each rank's all-reduces and forward pass with CUDA events "

@@ -25,6 +25,8 @@ from tinyinfer.sampling import top_and_logsumexp
 # How K/V are stored: "auto" in the runner's compute dtype; "int8" as int8 codes with one
 # float16 scale per token and KV head (quant.quantize_kv), about half of 16-bit's bytes.
 KV_CACHE_DTYPES = ("auto", "int8")
+# How tensor-parallel ranks sum partial results (runners/tp/shard.py says what each does).
+ALL_REDUCES = ("auto", "nccl", "symm_mem", "push")
 
 
 @dataclass(frozen=True)

@@ -180,7 +180,7 @@ def _all_reduce_ms(key: str, value: object) -> float | None:
         return None
     if re.fullmatch(r"\w+_tp\d+", key) and value["runner"].get("time_collectives", True):
         return float(value["all_reduce_ms"])
-    stage = re.fullmatch(r"\w+_tp(\d+)(_nccl|_symm_mem)?(_async)?(_profile\w*)?", key)
+    stage = re.fullmatch(r"\w+_tp(\d+)(_nccl|_symm_mem|_push)?(_async)?(_profile\w*)?", key)
     if stage and stage[1] == "1":  # one GPU: no collective
         return 0.0
     profile = value.get("profile")

@@ -20,7 +20,9 @@ them once. Norms and GPT-2's position table are small and replicated.
 The all-reduces go through NCCL (the default), or (``all_reduce="symm_mem"``, CUDA; "auto"
 where every GPU of the split can read every other's memory) through torch's symmetric memory: each rank copies its partial sum into a buffer every peer can read over
 NVLink and one kernel reads and adds them all ("one-shot"), with no NVLink multicast. Messages
-of a decode step are a few KB, where NCCL's fixed cost per call dominates.
+of a decode step are a few KB, where NCCL's fixed cost per call dominates. ``all_reduce="push"``
+sends the small ones through ``push_all_reduce`` instead (each rank writes its part into every
+peer's buffer, no barrier: one trip across the link) and the rest as "symm_mem" does.
 
 A rank's shard is itself a smaller model — H/N heads, Hkv/N KV heads, F/N intermediate size —
 so it runs on ``TorchRunner``'s weights, KV pages and attention, with the all-reduces put
@@ -36,7 +38,7 @@ import time
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -48,6 +50,7 @@ from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
 from tinyinfer.runners import torch_layers as layers
 from tinyinfer.runners.runner import (
+    ALL_REDUCES,
     Batch,
     RankShare,
     RankTiming,
@@ -61,9 +64,11 @@ from tinyinfer.runners.torch_graphs import DecodeGraphs
 from tinyinfer.runners.torch_weights import random_weights
 from tinyinfer.weights import Bf16Array
 
+if TYPE_CHECKING:
+    from tinyinfer.runners.tp.push_all_reduce import PushAllReduce
+
 WeightArray = np.ndarray | Bf16Array | Tensor
 
-ALL_REDUCES = ("auto", "nccl", "symm_mem")
 # torch 2.13 renamed all_gather_into_tensor; older releases (2.11, ...) have only that name
 _all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 # Messages up to 4 MB (a 512-token prefill chunk of a 4096-wide model) take the one-shot kernel:
@@ -73,13 +78,13 @@ SYMM_MEM_MAX_BYTES = 4 << 20
 
 
 def pick_all_reduce(choice: str, device_type: str, gpus: list[int] | None) -> str:
-    """"nccl" or "symm_mem" for ``choice``; "auto" takes symm_mem where the ranks' GPUs (all on
-    this host: ``gpus``; None when they span hosts) can all read each other's memory, else nccl
-    (gloo on CPU). Raises TinyInferError for a choice this machine cannot run."""
+    """"nccl", "symm_mem" or "push" for ``choice``; "auto" takes symm_mem where the ranks' GPUs
+    (all on this host: ``gpus``; None when they span hosts) can all read each other's memory,
+    else nccl (gloo on CPU). Raises TinyInferError for a choice this machine cannot run."""
     if choice not in ALL_REDUCES:
         raise TinyInferError(f"all_reduce must be one of {ALL_REDUCES}, got {choice!r}")
-    if choice == "symm_mem" and device_type != "cuda":
-        raise TinyInferError("all_reduce='symm_mem' reads peers' GPU memory: it needs CUDA "
+    if choice in ("symm_mem", "push") and device_type != "cuda":
+        raise TinyInferError(f"all_reduce={choice!r} reads peers' GPU memory: it needs CUDA "
                              "(use all_reduce='nccl', or gloo's default on CPU)")
     if choice != "auto":
         return choice
@@ -361,8 +366,9 @@ class ShardRunner(TorchRunner):
         self._eager = (eager[0], layers.linear, *eager[1:])
         self._decode_fns = (compiled[0], layers.linear, *compiled[1:])
         self._graph_sets: weakref.WeakSet[DecodeGraphs] = weakref.WeakSet()
-        self._symm: list[Tensor] = []  # two symmetric buffers, used in turn (symm_mem)
+        self._symm: list[Tensor] = []  # two symmetric buffers, used in turn (symm_mem, push)
         self._symm_turn = 0
+        self._push: PushAllReduce | None = None  # small messages (push)
         self._group_name = ""
 
     def describe(self) -> dict[str, Any]:
@@ -383,7 +389,7 @@ class ShardRunner(TorchRunner):
 
     def connect(self) -> None:
         """Set up this rank's side of the collectives (every rank, once the group exists)."""
-        if self.all_reduce_kind != "symm_mem" or self.world == 1:
+        if self.all_reduce_kind == "nccl" or self.world == 1:
             return
         from torch.distributed import _symmetric_memory as symm_mem
 
@@ -397,6 +403,11 @@ class ShardRunner(TorchRunner):
             buffer = symm_mem.empty(numel, dtype=self.dtype, device=self.device)
             symm_mem.rendezvous(buffer, self._group_name)
             self._symm.append(buffer)
+        if self.all_reduce_kind == "push":
+            from tinyinfer.runners.tp.push_all_reduce import PushAllReduce  # imports Triton: CUDA only
+
+            self._push = PushAllReduce.in_symmetric_memory(self._group_name, self.rank, self.world,
+                                                           self.dtype, self.device)
 
     @property
     def info(self) -> RunnerInfo:
@@ -425,6 +436,7 @@ class ShardRunner(TorchRunner):
         for graphs in list(self._graph_sets):
             graphs.release()
         self._symm.clear()
+        self._push = None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -447,6 +459,8 @@ class ShardRunner(TorchRunner):
         if self.world == 1:
             return x
         with self.clock.span("all_reduce"):
+            if self._push is not None and self._push.fits(x):
+                return self._push(x)
             if self._symm and x.dtype == self.dtype and x.numel() * x.element_size() <= SYMM_MEM_MAX_BYTES:
                 buffer = self._symm[self._symm_turn][:x.numel()].view(x.shape)
                 self._symm_turn ^= 1

@@ -248,12 +248,12 @@ def _all_reduce_rank(rank: int, world: int, port: int, results: Any, sizes: tupl
         pusher(x, out)
 
     def one_shot(x: torch.Tensor, out: torch.Tensor) -> None:
-        view = buffers[turn[0]][:x.numel()]
+        view = buffers[turn[0]][:x.numel()].view(x.shape)
         turn[0] ^= 1
         torch.ops.symm_mem.one_shot_all_reduce_copy_out(view, x, "sum", group, out)
 
     def two_shot(x: torch.Tensor, out: torch.Tensor) -> None:
-        view = buffers[turn[0]][:x.numel()]
+        view = buffers[turn[0]][:x.numel()].view(x.shape)
         turn[0] ^= 1
         view.copy_(x)
         torch.ops.symm_mem.two_shot_all_reduce_out(view, "sum", group, out)

@@ -14,6 +14,9 @@
 #                                                # TP=1, 2 and 4 (about 560 s; BUDGET=540 skips what would not fit)
 #   bash scripts/tp_scaling.sh OUT_DIR push      # a 4-GPU host: the push all-reduce checked, swept and timed
 #                                                # against torch's one-shot kernel at TP=1, 2 and 4 (about 420 s)
+#   bash scripts/tp_scaling.sh OUT_DIR push_peers  # a 4-GPU host: ours with the push all-reduce at TP=1, 2
+#                                                # and 4 and gpt-fast at TP=2 and 4 in one call, and the
+#                                                # push all-reduce's bf16 check at TP=2 and 4 (about 560 s)
 #   bash scripts/tp_scaling.sh OUT_DIR fused_rest  # a 4-GPU host: what 'fused' could not fit, the 70B and
 #                                                # gpt-fast at TP=4 and TP=2, with ours at TP=4 and TP=1 as
 #                                                # the same-call reference (about 470 s)
@@ -27,8 +30,8 @@
 # gqa stages, transformers with its own regex: don't shadow it with an older regex wheel).
 # Results: OUT_DIR/summary.json (every group's tp_gpu_check.json, by group), OUT_DIR/logs.txt and
 # the profiles' kernel tables (the device machine returns only a few files).
-out=${1:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers|fused|fused_rest|same_call|push}
-mode=${2:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers|fused|fused_rest|same_call|push}
+out=${1:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers|fused|fused_rest|same_call|push|push_peers}
+mode=${2:?usage: tp_scaling.sh OUT_DIR explore|final|extras|pair|pair_peers|fused|fused_rest|same_call|push|push_peers}
 here=$(cd "$(dirname "$0")" && pwd)
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -178,6 +181,19 @@ elif [ "$mode" = push ]; then
   wait
   group 0,1,2,3 100 8b_tp4_push_async_profile
   group 0,1,2,3 80 8b_tp4_symm_mem_async
+elif [ "$mode" = push_peers ]; then
+  # gpt-fast at TP=2 (GPUs 0,1) beside the push all-reduce's bf16 check at TP=2 and ours at TP=2
+  # then TP=1 (GPUs 2,3), on separate CPU halves; then gpt-fast at TP=4 and ours at TP=4 each
+  # alone on the host, and the check at TP=4 (a check loads a second model: a stage of its own)
+  cores=$(nproc)
+  CPUS=0-$((cores / 2 - 1)) group 0,1 195 gpt_fast_tp2 &
+  (CPUS=$((cores / 2))-$((cores - 1)) group 2,3 50 fused_check_tp2_push
+   CPUS=$((cores / 2))-$((cores - 1)) group 2,3 70 8b_tp2_push_async
+   CPUS=$((cores / 2))-$((cores - 1)) group 2 60 8b_tp1_push_async) &
+  wait
+  group 0,1,2,3 215 gpt_fast_tp4
+  group 0,1,2,3 75 8b_tp4_push_async
+  group 0,1,2,3 45 fused_check_tp4_push
 elif [ "$mode" = fused_rest ]; then
   # each alone on the host except gpt-fast at TP=2 (GPUs 0,1) beside ours at TP=1 (GPU 2)
   group 0,1,2,3 100 70b_tp4_symm_mem_async

@@ -41,8 +41,8 @@ def add_model_args(parser: argparse.ArgumentParser, default: str = "bundled") ->
                         help="how tensor-parallel ranks sum partial results: nccl, or symm_mem "
                              "(one kernel reading the peers' buffers over NVLink; CUDA), or push "
                              "(small messages written straight into the peers' buffers, the rest "
-                             "as symm_mem; CUDA), or auto "
-                             "(symm_mem where every GPU can read every other's memory) (default: nccl)")
+                             "as symm_mem; CUDA), or auto (push where every GPU can read every "
+                             "other's memory, else nccl) (default: auto)")
     parser.add_argument("--time-collectives", action="store_true",
                         help="time each rank's all-reduces and forward pass with CUDA events "
                              "(tensor parallel; off by default: the events cost time)")

@@ -133,7 +133,7 @@ def _spec(config: ModelConfig, path: Path | None, world: int, device: str | None
     check_tensor_parallel(config, world, device_type, gpu_count)
     one_host = init_method != "env://" or int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world
     options = {**options, "all_reduce": pick_all_reduce(
-        options.get("all_reduce", "nccl"), device_type, list(range(world)) if one_host else None)}
+        options.get("all_reduce", "auto"), device_type, list(range(world)) if one_host else None)}
     if dist.is_initialized():
         raise TinyInferError("this process already runs a torch.distributed group (another "
                              "tensor-parallel model?): close() its runner before loading another")

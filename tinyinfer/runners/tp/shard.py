@@ -17,12 +17,13 @@ Every rank runs the same forward pass on its own slice of the weights:
 Biases of row-parallel layers (o, down / proj) live on rank 0 only, so the all-reduce adds
 them once. Norms and GPT-2's position table are small and replicated.
 
-The all-reduces go through NCCL (the default), or (``all_reduce="symm_mem"``, CUDA; "auto"
-where every GPU of the split can read every other's memory) through torch's symmetric memory: each rank copies its partial sum into a buffer every peer can read over
+The all-reduces go through NCCL, or (``all_reduce="symm_mem"``, CUDA) through torch's symmetric memory: each rank copies its partial sum into a buffer every peer can read over
 NVLink and one kernel reads and adds them all ("one-shot"), with no NVLink multicast. Messages
 of a decode step are a few KB, where NCCL's fixed cost per call dominates. ``all_reduce="push"``
 sends the small ones through ``push_all_reduce`` instead (each rank writes its part into every
-peer's buffer, no barrier: one trip across the link) and the rest as "symm_mem" does.
+peer's buffer, no barrier: one trip across the link) and the rest as "symm_mem" does. "auto",
+the default, takes push where every GPU of the split can read every other's memory, else NCCL
+(gloo on CPU).
 
 A rank's shard is itself a smaller model — H/N heads, Hkv/N KV heads, F/N intermediate size —
 so it runs on ``TorchRunner``'s weights, KV pages and attention, with the all-reduces put
@@ -78,9 +79,9 @@ SYMM_MEM_MAX_BYTES = 4 << 20
 
 
 def pick_all_reduce(choice: str, device_type: str, gpus: list[int] | None) -> str:
-    """"nccl", "symm_mem" or "push" for ``choice``; "auto" takes symm_mem where the ranks' GPUs
-    (all on this host: ``gpus``; None when they span hosts) can all read each other's memory,
-    else nccl (gloo on CPU). Raises TinyInferError for a choice this machine cannot run."""
+    """"nccl", "symm_mem" or "push" for ``choice``; "auto" (the default) takes push where the
+    ranks' GPUs (all on this host: ``gpus``; None when they span hosts) can all read each other's
+    memory, else nccl (gloo on CPU). Raises TinyInferError for a choice this machine cannot run."""
     if choice not in ALL_REDUCES:
         raise TinyInferError(f"all_reduce must be one of {ALL_REDUCES}, got {choice!r}")
     if choice in ("symm_mem", "push") and device_type != "cuda":
@@ -90,7 +91,7 @@ def pick_all_reduce(choice: str, device_type: str, gpus: list[int] | None) -> st
         return choice
     peers = (device_type == "cuda" and gpus is not None and len(gpus) > 1
              and all(torch.cuda.can_device_access_peer(a, b) for a in gpus for b in gpus if a != b))
-    return "symm_mem" if peers else "nccl"
+    return "push" if peers else "nccl"
 
 
 def check_tensor_parallel(config: ModelConfig, world: int, device_type: str, gpu_count: int) -> None:
@@ -325,7 +326,7 @@ class ShardRunner(TorchRunner):
     ``weights`` are the whole model's (cut here), or this rank's shard already when ``presharded``.
     ``time_collectives=True`` times every collective (CUDA events, recorded into the decode
     graphs too) and the forward pass; by default they are only counted and the step's time is
-    reported as compute. ``all_reduce`` is "nccl" or "symm_mem" (see the module doc; the launcher
+    reported as compute. ``all_reduce`` is "nccl", "symm_mem" or "push" (see the module doc; the launcher
     resolves "auto").
 
     Decode steps replay CUDA graphs as on one GPU: the all-reduces and the logits all-gather

@@ -94,11 +94,13 @@ for x in (torch.zeros(BLOCK + 1, dtype=torch.bfloat16), torch.zeros(8, dtype=tor
         assert "push all-reduce takes" in str(e), e
     else:
         raise AssertionError("took a message it does not fit")
-try:
-    PushAllReduce([torch.zeros(2, 3, 8, dtype=torch.int16)] * 2, 0, torch.bfloat16)
-except ValueError as e:
-    assert "push buffer is [2, 2, capacity]" in str(e), e
-else:
-    raise AssertionError("took a buffer of the wrong shape")
+for buffer, message in ((torch.zeros(2, 3, 8, dtype=torch.int16), "push buffer is [2, 2, capacity]"),
+                        (torch.zeros(2, 2, 12, dtype=torch.int16), "16-byte boundaries")):
+    try:
+        PushAllReduce([buffer] * 2, 0, torch.bfloat16)
+    except ValueError as e:
+        assert message in str(e), e
+    else:
+        raise AssertionError("took a buffer it cannot use")
 print("ok")
 """)

@@ -58,7 +58,7 @@ def _push_all_reduce_kernel(x_ptr, out_ptr, buffers_ptr, counters_ptr, numel, ca
     slot = calls & 1
     x = tl.load(x_ptr + offs, mask=ok, other=0.0)
     bits = (x.to(tl.float32) + 0.0).to(x.dtype).to(INT, bitcast=True)  # -0.0 -> +0.0
-    for peer in tl.static_range(WORLD):
+    for peer in tl.static_range(WORLD):  # buffers and parts start on 16-byte boundaries (checked)
         theirs = tl.multiple_of(tl.load(buffers_ptr + peer).to(tl.pointer_type(INT)), 16)
         tl.store(theirs + (slot * WORLD + RANK) * capacity + offs, bits, mask=ok)
     mine = tl.multiple_of(tl.load(buffers_ptr + RANK).to(tl.pointer_type(INT)), 16)
@@ -93,6 +93,9 @@ class PushAllReduce:
             raise ValueError(f"a push buffer is [2, {self.world}, capacity] of {_BITS[dtype]}, "
                              f"got {tuple(mine.shape)} of {mine.dtype}")
         self.capacity = mine.shape[2]
+        if (self.capacity * mine.element_size()) % 16 or any(b.data_ptr() % 16 for b in buffers):
+            raise ValueError("push buffers and their parts start on 16-byte boundaries (the kernel "
+                             "moves 16 bytes at a time)")
         self.max_numel = min(self.capacity, PUSH_MAX_BYTES // dtype.itemsize)
         self._buffers = buffers  # kept alive: the kernel reads them by address
         self._addresses = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64,

@@ -738,7 +738,7 @@ class LaunchedDrafts:
     host: dict[int, Draft]  # seq_id -> guesses known on the host
     source: TokensFuture | None = None  # the draft model's greedy rounds
     rows: dict[int, np.ndarray] = field(default_factory=dict)  # seq_id -> its guesses' rows of source.argmax
-    _drafts: dict[int, Draft] | None = None
+    _drafts: dict[int, Draft] | None = field(default=None, init=False, repr=False)  # result()'s
 
     @classmethod
     def known(cls, drafts: dict[int, Draft]) -> LaunchedDrafts:
@@ -835,11 +835,11 @@ class DraftRun:
         CUDA graph replays them all at once on the torch runner), so the host stages every
         round's positions and slots ahead (one more a round) and no logits row reaches the host.
         Nothing is waited for: the guesses are the rounds' argmaxes where they lie, rows
-        b * rounds + r of the launch's argmax, unless the drafter fixed them on the host first
-        (``fixed_guesses``: the benchmark's oracle); the draft model is fed its own argmaxes."""
+        b * rounds + r of the launch's argmax, unless the drafter fixes them on the host while
+        the rounds run (``fixed_guesses``: the benchmark's oracle); the draft model is fed its
+        own argmaxes."""
         if not active:
             return LaunchedDrafts.known({})
-        fixed = self.drafter.fixed_guesses([seqs[i] for i in active], [ks[i] for i in active])
         batch, _ = self._catch_up(seqs, active, {i: [] for i in active}, rounds)
         positions = np.full((rounds - 1, len(active)), -1, dtype=np.int64)  # [n, B]; -1: sits out
         slots = positions.copy()
@@ -850,6 +850,7 @@ class DraftRun:
                 slots[r, row] = self.pool.slot(seqs[i].seq_id, position)
         future = self.runner.launch_rounds(batch, self.kv_cache, Rounds(positions, slots))
         lengths = {seqs[i].seq_id: ks[i] for i in active}
+        fixed = self.drafter.fixed_guesses([seqs[i] for i in active], [ks[i] for i in active])  # while they run
         if fixed is not None:
             host = {seqs[i].seq_id: Draft(tuple(own)) for i, own in zip(active, fixed)}
             return LaunchedDrafts(lengths, host, future)

@@ -93,12 +93,12 @@ class DraftModelDrafter:
 
     def fixed_guesses(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]] | None:
         """For sequences that decode plainly greedy (no penalties, no masks): the guesses, ks[i]
-        for seqs[i], if the drafter decides them on the host before the draft model runs; None
-        (a draft model's way) when they are the draft model's own argmaxes, reduced on the
-        device, never a logits row on the host, and fed to the verification there before the
-        host reads them. Verification of such a sequence needs no q either. The draft model
-        still runs its rounds on its own argmaxes: fixed guesses change what is proposed, not
-        what the draft model reads next."""
+        for seqs[i], if the drafter decides them on the host (asked once the draft model's
+        rounds are launched, before the verification is); None (a draft model's way) when they
+        are the draft model's own argmaxes, reduced on the device, never a logits row on the
+        host, and fed to the verification there before the host reads them. Verification of
+        such a sequence needs no q either. The draft model still runs its rounds on its own
+        argmaxes: fixed guesses change what is proposed, not what the draft model reads next."""
         return None
 
 

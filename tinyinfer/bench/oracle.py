@@ -50,8 +50,8 @@ class OracleDrafter(DraftModelDrafter):
         return token, q
 
     def fixed_guesses(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
-        """The oracle's greedy guesses, known on the host before the draft model runs (the draft
-        model's argmaxes only cost), drawn round by round across the sequences, as the rounds
+        """The oracle's greedy guesses, decided on the host while the draft model's rounds run
+        (their argmaxes only cost), drawn round by round across the sequences, as the rounds
         run."""
         guesses: list[list[int]] = [[] for _ in seqs]
         for r in range(max(ks, default=0)):

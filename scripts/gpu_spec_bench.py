@@ -23,10 +23,10 @@ Sections (each writes its results to OUT/gpu_spec_bench.json as soon as it finis
            With --draft-quantize FORMAT [--draft-quantize-head] the same rows again with the
            draft shape in that format (random codes), against the same plain baseline;
            --stepwise-too: each row's first alpha at each k again with the rounds one by one
-* profile  where a draft token's time goes: the oracle at a = 0.8, k = 4 with each draft (bf16,
-           and --draft-quantize's), per propose call the host's time to launch the rounds, their
-           device time, the device's wait before them and after them, against the call's wall
-           time, and the draft's 1-row step replayed alone from its CUDA graph
+* profile  where a speculative cycle's time goes: the oracle at a = 0.8, k = 4 with each draft
+           (bf16, and --draft-quantize's), per cycle the draft rounds' span on the device, its
+           wait before the verification, the verification's span and the wait after it until
+           the next rounds, against the rounds graph and the verification graph replayed alone
 * exactness bf16 greedy speculative vs plain decoding, token for token: the bundled pair with
            and without batch_invariant (every prompt, k = 2, 4, 8), and the oracle's target shape
            with batch_invariant (the oracle drafter over the draft shape, timed as well)
@@ -380,10 +380,9 @@ def replay_ms(graphs, size: int = 1, repeats: int = 50) -> float:
 
 
 def profile(results: dict) -> None:
-    """Where a draft token's time goes, for each draft (bf16, --draft-quantize's): the oracle at
-    a = 0.8, k = 4 over two prompts (profile_draft), and the draft's 1-row and 2-row steps
-    replayed alone from their graphs. If a step's rounds span about the replays' sum on the
-    device, the rounds keep the GPU busy and the host is off the critical path between them."""
+    """Where a speculative cycle's time goes, for each draft (bf16, --draft-quantize's): the
+    oracle at a = 0.8, k = 4 over two prompts (profile_draft). If a cycle spans about its
+    graphs' replays on the device, the host is off the critical path."""
     big, _ = bs.shape_models(ARGS.target, ARGS.device, ARGS.dtype)
     prompts = bench.speculative_prompts(big, "continue", 2)
     params = SamplingParams(temperature=0, max_tokens=ARGS.tokens, ignore_eos=True)
@@ -409,72 +408,80 @@ def cuda_event() -> torch.cuda.Event:
 
 def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int]],
                   params: SamplingParams) -> dict:
-    """Per propose call with k = 4 (one speculative step's draft, its rounds one launch_rounds):
-    its wall time on the host; the host's time to launch the rounds; on the device, from the
-    call's start to the rounds' start (the host staging them), the rounds' span, and from their
-    end to the call's end. Then the draft's graphs replayed alone: one 1-row step, and the
-    catch-up (1 and 2 rows) plus 3 rounds."""
-    from tinyinfer.engine import DraftRun
-
+    """Per speculative cycle at k = 4 (the draft's rounds, one launch_rounds, then the target's
+    verification, one launch_top): CUDA events recorded around both launches, each at its place
+    in the stream, give the rounds' span, the device's wait between the rounds and the
+    verification, the verification's span, and the wait from its end to the next cycle's rounds
+    (the host's turn: result, acceptance, scheduling, staging). Then the graphs replayed alone:
+    the draft's rounds (1- and 2-row catch-up, 3 rounds) and the target's 5-row verification, so
+    a cycle's idle device time is its span less the replays. Works on any version of the
+    engine whose runners have launch_rounds (it only wraps the two runners' launches)."""
     drafter = OracleDrafter(small, 0.8, seed=1)
     drafter.follow(prompts, plain_ids)
     engine = Engine(big, max_num_seqs=1, detail="none", drafter=drafter, num_draft=4)
     engine.generate([prompts[0]], params)  # warm-up: compile, capture
     engine.spec_stats = SpeculativeStats()
-    calls: list[dict] = []
-    launch, propose = small.runner.launch_rounds, DraftRun.propose
+    cycles: list[dict] = []
+    launch_rounds, launch_top = small.runner.launch_rounds, big.runner.launch_top
 
-    def timed_launch(batch, *args, **kwargs):
-        before, t0 = cuda_event(), time.perf_counter()
-        future = launch(batch, *args, **kwargs)
-        calls[-1]["rounds"].append((time.perf_counter() - t0, before, cuda_event(), batch.num_tokens))
+    def timed_rounds(batch, *args, **kwargs):
+        begin = cuda_event()
+        future = launch_rounds(batch, *args, **kwargs)
+        cycles.append({"prompt": prompt_no[0], "rows": batch.num_tokens, "rounds": (begin, cuda_event())})
         return future
 
-    def timed_propose(self, *args, **kwargs):
-        calls.append({"rounds": [], "begin": cuda_event()})
-        t0 = time.perf_counter()
-        drafts = propose(self, *args, **kwargs)
-        calls[-1]["wall"], calls[-1]["end"] = time.perf_counter() - t0, cuda_event()
-        return drafts
+    def timed_top(*args, **kwargs):
+        begin = cuda_event()
+        future = launch_top(*args, **kwargs)
+        if cycles and "verify" not in cycles[-1]:
+            cycles[-1]["verify"] = (begin, cuda_event())
+        return future
 
-    small.runner.launch_rounds = timed_launch
-    DraftRun.propose = timed_propose
+    prompt_no = [0]
+    small.runner.launch_rounds, big.runner.launch_top = timed_rounds, timed_top
     try:
-        for p in prompts:
+        for i, p in enumerate(prompts):
+            prompt_no[0] = i
             engine.generate([p], params)
     finally:
-        DraftRun.propose = propose
-        del small.runner.launch_rounds
+        del small.runner.launch_rounds, big.runner.launch_top
     torch.cuda.synchronize()
     rows = []
-    for call in calls:
-        if len(call["rounds"]) != 1 or call["rounds"][0][3] > 2:
-            continue  # a prompt's catch-up, or no draft
-        host, before, after, catch_up = call["rounds"][0]
-        rows.append({"wall_ms": 1e3 * call["wall"], "catch_up_rows": catch_up,
-                     "device_begin_to_end_ms": call["begin"].elapsed_time(call["end"]),
-                     "before_rounds_ms": call["begin"].elapsed_time(before),
-                     "rounds_span_ms": before.elapsed_time(after),
-                     "after_rounds_ms": after.elapsed_time(call["end"]),
-                     "launch_host_ms": 1e3 * host})
-    kv = engine.draft_run.kv_cache
+    for this, after in zip(cycles, cycles[1:] + [None]):
+        if this["rows"] > 2 or "verify" not in this:
+            continue  # a prompt's catch-up
+        (rb, re), (vb, ve) = this["rounds"], this["verify"]
+        row = {"catch_up_rows": this["rows"], "rounds_span_ms": rb.elapsed_time(re),
+               "rounds_to_verify_ms": re.elapsed_time(vb), "verify_span_ms": vb.elapsed_time(ve)}
+        if after is not None and after["prompt"] == this["prompt"]:
+            row["verify_to_next_rounds_ms"] = ve.elapsed_time(after["rounds"][0])
+            row["cycle_ms"] = rb.elapsed_time(after["rounds"][0])
+        rows.append(row)
+    kv, big_kv = engine.draft_run.kv_cache, engine.kv_cache
     stats = engine.spec_stats
-    medians = {key: float(np.median([r[key] for r in rows])) if rows else None
-               for key in ("wall_ms", "device_begin_to_end_ms", "before_rounds_ms", "rounds_span_ms",
-                           "after_rounds_ms", "launch_host_ms")}
-    by_rows = {f"rounds_span_ms_{n}row": float(np.median([r["rounds_span_ms"] for r in rows
-                                                          if r["catch_up_rows"] == n]))
-               for n in (1, 2) if any(r["catch_up_rows"] == n for r in rows)}
-    graphs, round_graphs = kv.graphs or {}, kv.round_graphs or {}
-    return {
-        "steps": len(rows), **medians, **by_rows,
-        "replay_1row_ms": replay_ms(graphs[1]) if 1 in graphs else None,
-        **{f"replay_rounds_{q}row_catch_up_ms": replay_ms(round_graphs[q, 3])
-           for q in (1, 2) if (q, 3) in round_graphs},
-        "draft_token_ms": 1e3 * stats.draft_seconds / max(stats.drafted, 1),
-        "verify_ms": 1e3 * stats.verify_seconds / max(stats.verify_steps, 1),
-        "token_acceptance": stats.token_acceptance,
-    }
+
+    def median(key: str, keep=lambda r: True) -> float | None:
+        values = [r[key] for r in rows if key in r and keep(r)]
+        return float(np.median(values)) if values else None
+
+    keys = ("rounds_span_ms", "rounds_to_verify_ms", "verify_span_ms", "verify_to_next_rounds_ms", "cycle_ms")
+    round_graphs = kv.round_graphs or {}
+    out = {"cycles": len(rows), **{key: median(key) for key in keys},
+           **{f"{key}_{n}row": median(key, lambda r, n=n: r["catch_up_rows"] == n)
+              for n in (1, 2) for key in ("rounds_span_ms", "cycle_ms")},
+           **{f"replay_rounds_{q}row_catch_up_ms": replay_ms(round_graphs[q, 3])
+              for q in (1, 2) if (q, 3) in round_graphs},
+           "replay_verify_5row_ms": replay_ms(big_kv.graphs[5]) if 5 in (big_kv.graphs or {}) else None,
+           "draft_token_ms": 1e3 * stats.draft_seconds / max(stats.drafted, 1),
+           "verify_ms": 1e3 * stats.verify_seconds / max(stats.verify_steps, 1),
+           "rest_ms": 1e3 * (stats.step_seconds - stats.draft_seconds - stats.verify_seconds)
+           / max(stats.verify_steps, 1),
+           "token_acceptance": stats.token_acceptance}
+    for n in (1, 2):
+        cycle, replay = out.get(f"cycle_ms_{n}row"), out.get(f"replay_rounds_{n}row_catch_up_ms")
+        if cycle is not None and replay is not None and out["replay_verify_5row_ms"] is not None:
+            out[f"idle_ms_{n}row"] = cycle - replay - out["replay_verify_5row_ms"]
+    return out
 
 
 def main() -> int:

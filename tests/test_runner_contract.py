@@ -178,6 +178,32 @@ def test_launch_rounds_follows_the_rule_on_every_runner(runners, catch_up):
         np.testing.assert_allclose(logits, expected_logits, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
+def test_launch_top_takes_guesses_from_launched_rounds_beside_its_own_tokens_on_every_runner(runners):
+    """A verification's batch: each sequence's last token, which the host knows, then its
+    guesses fed from launched greedy rounds' argmaxes (row b (n + 1) + r) before anyone read
+    them: the same as writing the rounds' ids in by hand. (The torch runner gathers them on its
+    device; the others go through the host, the rule.)"""
+    _, by_name = runners
+    for name, runner in by_name.items():
+        draft_kv = runner.new_kv_cache(8, 4)
+        prefill = make_batch([(list(p), 0, pages, False) for p, pages in zip(PROMPTS, PAGES)], 4)
+        runner.forward(prefill, draft_kv)
+        first = make_batch([([7], 4, PAGES[0], True), ([11], 3, PAGES[1], True)], 4)
+        rounds = runner.launch_rounds(first, draft_kv, rounds_of(first, (3, 3)))  # ids [2, 4]
+        results = []
+        for fed in (True, False):
+            ids = rounds.result() if not fed else np.zeros((2, 4), dtype=np.int64)
+            kv = runner.new_kv_cache(8, 4)
+            runner.forward(prefill, kv)
+            verify = make_batch([([5, *ids[0, :3]], 4, PAGES[0], True), ([6, *ids[1, :2]], 3, PAGES[1], True)], 4)
+            feed = Feed(rounds, np.array([-1, 0, 1, 2, -1, 4, 5])) if fed else None
+            results.append(runner.launch_top(verify, kv, 3, feed).result())
+        fed_top, by_hand = results
+        assert (rounds.result()[:, :3] >= 0).all() and (rounds.result()[:, 3] == -1).all(), name
+        assert (fed_top.ids == by_hand.ids).all(), name
+        np.testing.assert_allclose(fed_top.values, by_hand.values, rtol=1e-6, err_msg=name)
+
+
 def test_the_torch_runners_rounds_function_equals_the_stepwise_rule(runners):
     """The torch runner's one-function rounds (what a CUDA graph captures, run eagerly here) and
     the stepwise rule through its own launch_top: the same argmaxes, bit for bit the same K/V,

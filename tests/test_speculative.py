@@ -173,6 +173,101 @@ def test_greedy_draft_rounds_run_as_one_launch_a_step_and_as_the_stepwise_rule_d
             assert one_calls["launch_top"] == 4 * len(prompts) + single
 
 
+def test_a_draft_model_that_is_the_target_has_every_guess_kept(oracle_model, runner_name):
+    """The draft model is the target itself (a second copy): each greedy guess is the target's
+    own next token, so the verification keeps every one, if it computes the guesses the draft
+    made (the torch runner feeds them to it on the device, behind the rounds, before the host
+    reads them). A verification that read other tokens would turn guesses down, or compute the
+    next ones from a wrong context."""
+    folder, _ = oracle_model("llama-gqa-untied")
+    target, draft = (tinyinfer.load(folder, runner=runner_name) for _ in range(2))
+    params = tinyinfer.SamplingParams(temperature=0, max_tokens=23, ignore_eos=True)
+    prompts = repetitive_prompts(3)
+    plain = [c.token_ids for c in tinyinfer.Engine(target).generate(prompts, params)]
+    engine = tinyinfer.Engine(target, drafter=DraftModelDrafter(draft), num_draft=4)
+    assert [engine.generate([p], params)[0].token_ids for p in prompts] == plain
+    assert [c.token_ids for c in engine.generate(prompts, params)] == plain
+    stats = engine.spec_stats
+    assert stats.drafted > 0 and stats.accepted == stats.drafted and stats.rejected == 0
+
+
+@pytest.mark.parametrize("acceptance", [1.0, 0.0])
+def test_the_verification_checks_the_oracles_guesses_not_the_draft_models(pair, acceptance):
+    """The benchmark's oracle fixes its guesses on the host (``fixed_guesses``) while the draft
+    model runs its rounds on its own argmaxes: the verification must check the oracle's. At
+    acceptance 1 (the target's own greedy tokens) it keeps every guess, at 0 (each one wrong)
+    none; fed the draft model's argmaxes, it would keep some guesses at 0 and not all at 1."""
+    from tinyinfer.bench.oracle import OracleDrafter
+
+    target, draft = pair
+    params = tinyinfer.SamplingParams(temperature=0, max_tokens=23, ignore_eos=True)
+    prompts = repetitive_prompts(3)
+    plain = [c.token_ids for c in tinyinfer.Engine(target).generate(prompts, params)]
+    drafter = OracleDrafter(draft, acceptance, seed=2)
+    drafter.follow(prompts, plain)
+    engine = tinyinfer.Engine(target, drafter=drafter, num_draft=4)
+    ids = [engine.add_request(p, params) for p in prompts]
+    while engine.has_unfinished():
+        for s in engine.step().seqs:
+            if s.draft_tokens:
+                assert s.accepted == (len(s.draft_tokens) if acceptance else 0)
+                i = ids.index(s.request_id)
+                at = s.start + 1 - len(prompts[i])  # the first guess's place in the output
+                followed = tuple(plain[i][at:at + len(s.draft_tokens)])
+                assert (s.draft_tokens == followed) == bool(acceptance)
+    assert [engine.release(i).token_ids for i in ids] == plain
+    assert engine.spec_stats.drafted > 0
+
+
+def test_the_verification_is_queued_before_the_guesses_are_read():
+    """On the torch runner a step's verification is launched behind the draft's rounds, its
+    guesses fed from the rounds' argmaxes where the runner left them (a Feed whose source is
+    the rounds' launch), before the host has read them: the host waits once a step, for both."""
+    import torch
+
+    from tinyinfer.runners.runner import TokensFuture
+
+    target, draft = (tinyinfer.load(name, runner="torch") for name in ("bundled", "bundled-draft"))
+    from tinyinfer.bench import workloads as bench
+
+    prompts = bench.speculative_prompts(target, "continue", count=2)
+    params = tinyinfer.SamplingParams(temperature=0, max_tokens=24)
+    read: set[int] = set()
+    fed_unread = fed_read = 0
+    launch_rounds, launch_top = draft.runner.launch_rounds, target.runner.launch_top
+
+    def rounds(*args):
+        future = launch_rounds(*args)
+        wait = future.result
+
+        def result():
+            read.add(id(future))
+            return wait()
+        future.result = result
+        return future
+
+    def verify(batch, kv, k, feed=None):
+        nonlocal fed_unread, fed_read
+        # (a prompt's catch-up goes round by round: its argmaxes reach the feed via the host)
+        if feed is not None and isinstance(feed.source.argmax, torch.Tensor):
+            assert isinstance(feed.source, TokensFuture)
+            if id(feed.source) in read:
+                fed_read += 1
+            else:
+                fed_unread += 1
+        return launch_top(batch, kv, k, feed)
+
+    draft.runner.launch_rounds, target.runner.launch_top = rounds, verify
+    try:
+        engine = tinyinfer.Engine(target, drafter=DraftModelDrafter(draft), num_draft=4)
+        out = [c.token_ids for c in engine.generate(prompts, params)]
+    finally:
+        del draft.runner.launch_rounds, target.runner.launch_top
+    assert out == [c.token_ids for c in tinyinfer.Engine(target).generate(prompts, params)]
+    steps = engine.spec_stats.verify_steps  # a sequence's verifications: steps with a draft, two at a time
+    assert fed_read == 0 and steps // 2 - 2 <= fed_unread <= steps
+
+
 def test_rejections_leak_no_pages(pair):
     target, draft = pair
     engine = tinyinfer.Engine(target, drafter=DraftModelDrafter(draft), num_draft=5, page_size=4,

@@ -30,7 +30,7 @@ from tinyinfer.errors import (
 )
 from tinyinfer.kv import PagePool
 from tinyinfer.model import Model, check_token_ids
-from tinyinfer.runners.runner import Batch, Feed, Rounds, TopFuture, TopLogits, make_batch
+from tinyinfer.runners.runner import Batch, Feed, Rounds, TokensFuture, TopFuture, TopLogits, make_batch
 from tinyinfer.sampling import (
     MAX_LOGPROBS,
     SamplingParams,
@@ -275,17 +275,18 @@ class Engine:
     def _run(self, out: SchedulerOutput, t0: float, t1: float) -> StepTrace:
         """Run a scheduled step to its end: draft, forward, choose tokens, trace."""
         drafts = self._draft(out.chunks)
-        t2 = time.perf_counter()
         greedy = self._greedy_step(out.chunks, drafts) if self._greedy_only(out.chunks) else None
         if greedy is not None:
-            steps, freed, t3, device_s = greedy
+            steps, freed, t2, t3, device_s = greedy
         else:
-            (steps, freed, t3), device_s = self._full_step(out.chunks, drafts), None
-        if drafts:
+            guesses = drafts.result()
+            t2 = time.perf_counter()
+            (steps, freed, t3), device_s = self._full_step(out.chunks, guesses), None
+        if drafts.lengths:
             self.spec_stats.draft_seconds += t2 - t1
             self.spec_stats.verify_seconds += t3 - t2
         trace = self._finish_step(out, steps, freed, t0, t1, t2, t3, device_s)
-        if drafts:
+        if drafts.lengths:
             self.spec_stats.step_seconds += time.perf_counter() - t0
         return trace
 
@@ -372,23 +373,35 @@ class Engine:
                 and all(is_plain_greedy(c.seq.params, len(c.seq.output_ids), TOP_FOR_GREEDY)
                         for c in chunks))
 
-    def _greedy_step(self, chunks: list[Chunk], drafts: dict[int, Draft]
-                     ) -> tuple[list[SeqStep], list[int], float, float | None] | None:
+    def _greedy_step(self, chunks: list[Chunk], drafts: LaunchedDrafts
+                     ) -> tuple[list[SeqStep], list[int], float, float, float | None] | None:
         """Forward with top-k logits only (no [R, V] transfer), then pick each argmax; a drafted
         sequence keeps its guesses while they equal those argmaxes (``verify_greedy``).
+
+        The verification is queued before the guesses are read: those the draft model's rounds
+        are still computing reach it on the device (``LaunchedDrafts.feed``), so the host stages
+        it while the rounds run and waits once, for both. -> (steps, freed pages, t2, the moment
+        the result was read, device seconds), where t2 - t1 is the draft's time (until the
+        verification's launch, and the wait for the guesses after it) and the rest the
+        verification's (its launch, and the wait for its result): on a device that queues work
+        as on a runner that computes each launch at once.
 
         None when the runner refused a row of invalid logits while reducing them: the step then
         runs again with full rows (writing the same K/V), which sorts the bad rows out one by one.
         """
-        batch, rows = self._pack(chunks, drafts)
+        batch, rows = self._pack(chunks, drafts.placeholders())
         try:
-            future = self._launch_top(batch, chunks)
+            launch = time.perf_counter()
+            future = self._launch_top(batch, chunks, drafts.feed(batch, chunks))
+            launched = time.perf_counter()
+            guesses = drafts.result()  # the rounds' argmaxes land before the verification has run
+            t2 = launch + time.perf_counter() - launched
             top = future.result()
         except InvalidLogitsError:
             return None
         t3 = time.perf_counter()
-        steps, freed = self._greedy_advance(chunks, top, rows, drafts)
-        return steps, freed, t3, future.device_seconds
+        steps, freed = self._greedy_advance(chunks, top, rows, guesses)
+        return steps, freed, t2, t3, future.device_seconds
 
     def _launch_top(self, batch: Batch, chunks: list[Chunk], feed: Feed | None = None) -> TopFuture:
         """Queue a greedy step on the runner: its top logits, on their way to the host. As many
@@ -422,17 +435,16 @@ class Engine:
             freed += pages
         return steps, freed
 
-    def _draft(self, chunks: list[Chunk]) -> dict[int, Draft]:
+    def _draft(self, chunks: list[Chunk]) -> LaunchedDrafts:
         """Ask the drafter for guesses for every decoding sequence (speculative mode only)."""
         if self.drafter is None:
-            return {}
+            return LaunchedDrafts.known({})
         seqs = [c.seq for c in chunks if c.kind == "decode"]
         ks = [self.scheduler.lookahead(seq) for seq in seqs]
         if self.draft_run is not None:
-            drafts = self.draft_run.propose(seqs, ks)
-        else:
-            drafts = self.drafter.propose(seqs, ks)
-        return {seq.seq_id: d for seq, d in zip(seqs, drafts) if d.tokens}
+            return self.draft_run.propose(seqs, ks)
+        drafts = self.drafter.propose(seqs, ks)
+        return LaunchedDrafts.known({seq.seq_id: d for seq, d in zip(seqs, drafts) if d.tokens})
 
     def _forward(self, chunks: list[Chunk], drafts: dict[int, Draft]) -> tuple[np.ndarray, list[slice]]:
         """One runner call for the whole batch; returns logits and each chunk's rows of them."""
@@ -710,6 +722,55 @@ class Engine:
         return done
 
 
+@dataclass
+class LaunchedDrafts:
+    """A step's guesses once the drafter has them under way: how many each drafted sequence
+    has (``lengths``, known before the guesses are), and the guesses by ``result()``.
+
+    Guesses the host knows (prompt lookup, sampled drafts, a drafter's ``fixed_guesses``) are in
+    ``host``. Greedy guesses of a draft model are its rounds' argmaxes, still on the device
+    while the rounds run: ``rows`` says where each sequence's lie in ``source.argmax``, so the
+    verification can be fed them there (``feed``) and launched before the host reads them;
+    ``result()`` waits for the rounds (also when the host knew the guesses: the step's draft
+    time is the rounds')."""
+
+    lengths: dict[int, int]  # seq_id -> guesses
+    host: dict[int, Draft]  # seq_id -> guesses known on the host
+    source: TokensFuture | None = None  # the draft model's greedy rounds
+    rows: dict[int, np.ndarray] = field(default_factory=dict)  # seq_id -> its guesses' rows of source.argmax
+    _drafts: dict[int, Draft] | None = field(default=None, init=False, repr=False)  # result()'s
+
+    @classmethod
+    def known(cls, drafts: dict[int, Draft]) -> LaunchedDrafts:
+        return cls({s: len(d.tokens) for s, d in drafts.items()}, drafts)
+
+    def result(self) -> dict[int, Draft]:
+        """Every drafted sequence's guesses on the host (waits for the rounds, if any)."""
+        if self._drafts is None:
+            ids = self.source.host_argmax() if self.source is not None else None
+            self._drafts = {**self.host, **{s: Draft(tuple(ids[r].tolist())) for s, r in self.rows.items()}}
+        return self._drafts
+
+    def placeholders(self) -> dict[int, Draft]:
+        """Drafts to pack the verification with before the guesses are read: 0 for each guess
+        that the verification is fed on the device."""
+        return {**self.host, **{s: Draft((0,) * len(r)) for s, r in self.rows.items()}}
+
+    def feed(self, batch: Batch, chunks: list[Chunk]) -> Feed | None:
+        """The verification batch's guesses on the device, packed from ``placeholders`` over
+        ``chunks`` in order (each sequence's guesses are its last tokens); None if there are none."""
+        if not self.rows:
+            return None
+        fed = np.full(batch.num_tokens, -1, dtype=np.int64)
+        for b, chunk in enumerate(chunks):
+            rows = self.rows.get(chunk.seq.seq_id)
+            if rows is not None:
+                end = int(batch.query_starts[b + 1])
+                fed[end - len(rows):end] = rows
+        assert self.source is not None
+        return Feed(self.source, fed)
+
+
 class DraftRun:
     """The draft model's side of speculative decoding: its own KV pages, and its forward passes.
 
@@ -717,7 +778,8 @@ class DraftRun:
     since the last round: at first the whole context, then one guess), and the drafter's rule
     turns each row of logits into the next guess. Plainly greedy rounds go to the runner at
     once (``launch_rounds``: every round's positions and slots are known ahead, only its tokens
-    come from the round before), so that on a GPU a step's k rounds are one CUDA graph replay.
+    come from the round before), so that on a GPU a step's k rounds are one CUDA graph replay,
+    and their argmaxes, left on the device, feed the verification launched behind them.
     """
 
     def __init__(self, drafter: DraftModelDrafter, num_pages: int, page_size: int):
@@ -727,14 +789,14 @@ class DraftRun:
         self.kv_cache = self.runner.new_kv_cache(num_pages, page_size)
         self.computed: dict[int, int] = {}  # seq_id -> tokens whose K/V the draft holds
 
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
-        """Up to ks[i] guesses per sequence: k draft-model rounds, batched over sequences."""
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> LaunchedDrafts:
+        """Up to ks[i] guesses per sequence: k draft-model rounds, batched over sequences
+        (plainly greedy ones launched, not waited for)."""
         active = [i for i, (seq, k) in enumerate(zip(seqs, ks)) if k > 0 and self._reserve(seq, k)]
         rounds = max((ks[i] for i in active), default=0)
         # Plainly greedy sequences need only each round's argmax, and their verification no q.
         if all(is_plain_greedy(seqs[i].params, len(seqs[i].output_ids), 1) for i in active):
-            tokens = self._propose_greedy(seqs, ks, active, rounds)
-            return [Draft(tuple(tokens[i])) if i in tokens else Draft(()) for i in range(len(seqs))]
+            return self._propose_greedy(seqs, ks, active, rounds)
         tokens = {i: [] for i in active}
         probs: dict[int, list[np.ndarray]] = {i: [] for i in active}
         for r in range(rounds):
@@ -745,8 +807,8 @@ class DraftRun:
                 token, q = self.drafter.guess(seqs[i], tokens[i], logits[last_rows[i]])
                 tokens[i].append(token)
                 probs[i].append(q)
-        return [Draft(tuple(tokens[i]), tuple(probs[i])) if i in tokens else Draft(())
-                for i in range(len(seqs))]
+        return LaunchedDrafts.known({seqs[i].seq_id: Draft(tuple(tokens[i]), tuple(probs[i]))
+                                     for i in active})
 
     def _catch_up(self, seqs: list[Sequence], live: list[int], tokens: dict[int, list[int]],
                   rounds: int) -> tuple[Batch, dict[int, int]]:
@@ -767,17 +829,17 @@ class DraftRun:
         return make_batch(feeds, self.pool.page_size), last_rows
 
     def _propose_greedy(self, seqs: list[Sequence], ks: list[int], active: list[int],
-                        rounds: int) -> dict[int, list[int]]:
+                        rounds: int) -> LaunchedDrafts:
         """The greedy rounds in one launch (``launch_rounds``): the catch-up, then rounds - 1
         rounds whose input is each sequence's argmax of the round before, fed on the device (a
         CUDA graph replays them all at once on the torch runner), so the host stages every
-        round's positions and slots ahead (one more a round), waits once for all the argmaxes,
-        and no logits row reaches the host.
-
-        The draft model is fed its own argmax; ``guess_greedy`` then turns each into the guess
-        proposed (the argmax itself, unless a drafter overrides it: the benchmark's oracle)."""
+        round's positions and slots ahead (one more a round) and no logits row reaches the host.
+        Nothing is waited for: the guesses are the rounds' argmaxes where they lie, rows
+        b * rounds + r of the launch's argmax, unless the drafter fixes them on the host while
+        the rounds run (``fixed_guesses``: the benchmark's oracle); the draft model is fed its
+        own argmaxes."""
         if not active:
-            return {}
+            return LaunchedDrafts.known({})
         batch, _ = self._catch_up(seqs, active, {i: [] for i in active}, rounds)
         positions = np.full((rounds - 1, len(active)), -1, dtype=np.int64)  # [n, B]; -1: sits out
         slots = positions.copy()
@@ -786,13 +848,14 @@ class DraftRun:
                 position = self._advance(seqs[i])
                 positions[r, row] = position
                 slots[r, row] = self.pool.slot(seqs[i].seq_id, position)
-        ids = self.runner.launch_rounds(batch, self.kv_cache, Rounds(positions, slots)).result()
-        tokens: dict[int, list[int]] = {i: [] for i in active}
-        for r in range(rounds):  # round by round, as the guesses were chosen (the oracle draws so)
-            for row, i in enumerate(active):
-                if ks[i] > r:
-                    tokens[i].append(self.drafter.guess_greedy(seqs[i], tokens[i], int(ids[row, r])))
-        return tokens
+        future = self.runner.launch_rounds(batch, self.kv_cache, Rounds(positions, slots))
+        lengths = {seqs[i].seq_id: ks[i] for i in active}
+        fixed = self.drafter.fixed_guesses([seqs[i] for i in active], [ks[i] for i in active])  # while they run
+        if fixed is not None:
+            host = {seqs[i].seq_id: Draft(tuple(own)) for i, own in zip(active, fixed)}
+            return LaunchedDrafts(lengths, host, future)
+        rows = {seqs[i].seq_id: row * rounds + np.arange(ks[i]) for row, i in enumerate(active)}
+        return LaunchedDrafts(lengths, {}, future, rows)
 
     def _advance(self, seq: Sequence) -> int:
         """One more of the sequence's tokens goes to the draft: the position it takes."""

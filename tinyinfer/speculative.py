@@ -74,8 +74,9 @@ class DraftModelDrafter:
     """Guess with a small model that shares the target's tokenizer.
 
     The engine runs the draft model (on its own KV pages) one round per guess, batched over
-    sequences, and asks ``guess`` to turn each round's logits into the next guessed token (or
-    ``guess_greedy`` its argmax, when every sequence of the round decodes plainly greedy).
+    sequences, and asks ``guess`` to turn each round's logits into the next guessed token. When
+    every sequence decodes plainly greedy, the guesses are the rounds' argmaxes, which stay on
+    the device and feed the verification there, unless ``fixed_guesses`` names them first.
     """
 
     name = "draft"
@@ -90,13 +91,15 @@ class DraftModelDrafter:
         token = int(np.argmax(q)) if seq.params.greedy else sample_from_probs(q, seq.rng)
         return token, q
 
-    def guess_greedy(self, seq: Sequence, guesses: list[int], top_id: int) -> int:
-        """The next guess for a sequence that decodes plainly greedy (no penalties, no masks):
-        the draft's argmax ``top_id``, reduced on the device, so no logits row reaches the host.
-        Verification of such a sequence needs no q either. The draft model's next round is fed
-        ``top_id`` on the device before this is asked, so an override changes what is proposed,
-        not what the draft model reads next."""
-        return top_id
+    def fixed_guesses(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]] | None:
+        """For sequences that decode plainly greedy (no penalties, no masks): the guesses, ks[i]
+        for seqs[i], if the drafter decides them on the host (asked once the draft model's
+        rounds are launched, before the verification is); None (a draft model's way) when they
+        are the draft model's own argmaxes, reduced on the device, never a logits row on the
+        host, and fed to the verification there before the host reads them. Verification of
+        such a sequence needs no q either. The draft model still runs its rounds on its own
+        argmaxes: fixed guesses change what is proposed, not what the draft model reads next."""
+        return None
 
 
 # What the engine accepts as a drafter: n-gram lookup, or a draft model it runs.

@@ -42,19 +42,29 @@ class OracleDrafter(DraftModelDrafter):
         self.continuations = {tuple(p): list(o) for p, o in zip(prompts, outputs)}
 
     def guess(self, seq: Sequence, guesses: list[int], logits: np.ndarray) -> tuple[int, np.ndarray]:
-        """The oracle's guess (``guess_greedy``), with q one-hot on it. The draft model's logits
+        """The oracle's guess at this position, with q one-hot on it. The draft model's logits
         only cost."""
-        token = self.guess_greedy(seq, guesses, 0)
+        token = self._guess(seq, len(seq.output_ids) + len(guesses))
         q = np.zeros(logits.shape[-1])
         q[token] = 1.0
         return token, q
 
-    def guess_greedy(self, seq: Sequence, guesses: list[int], top_id: int) -> int:
-        """The followed token at this position, or (chance 1 − acceptance, or past what was
-        followed) another one. The draft model's argmax ``top_id`` only cost."""
+    def fixed_guesses(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        """The oracle's greedy guesses, decided on the host while the draft model's rounds run
+        (their argmaxes only cost), drawn round by round across the sequences, as the rounds
+        run."""
+        guesses: list[list[int]] = [[] for _ in seqs]
+        for r in range(max(ks, default=0)):
+            for seq, k, own in zip(seqs, ks, guesses):
+                if k > r:
+                    own.append(self._guess(seq, len(seq.output_ids) + r))
+        return guesses
+
+    def _guess(self, seq: Sequence, at: int) -> int:
+        """The followed token at output position ``at``, or (chance 1 − acceptance, or past what
+        was followed) another one."""
         vocab = self.model.config.vocab_size
         known = self.continuations.get(tuple(seq.prompt_ids), [])
-        at = len(seq.output_ids) + len(guesses)
         right = known[at] if at < len(known) else None
         if right is not None and self.rng.random() < self.acceptance:
             return right

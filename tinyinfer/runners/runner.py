@@ -136,18 +136,55 @@ class TopFuture:
         self.result()
         return self._device_seconds()
 
+    def host_argmax(self) -> np.ndarray:
+        """Each row's argmax on the host [R] (waits for the result)."""
+        return self.result().ids[:, 0]
+
+
+class TokensFuture:
+    """Launched greedy rounds (``launch_rounds``): ``result()`` waits for their argmaxes.
+
+    ``argmax`` holds them flattened, [B (n + 1)] (row b (n + 1) + r: sequence b's argmax of the
+    launch, r = 0, or of round r), where the runner computed them (a device tensor), so that a
+    later launch can take its tokens from them before the host has seen them (a ``Feed``: the
+    verification of the guesses); None where they exist on the host only (the stepwise rule).
+    """
+
+    def __init__(self, wait: Callable[[], np.ndarray], argmax: Any = None):
+        self.argmax = argmax
+        self._wait = wait
+        self._result: np.ndarray | None = None
+
+    def result(self) -> np.ndarray:
+        """Each sequence's argmax of the launch and of every round [B, n + 1] int64 (-1 in a
+        round the sequence sat out)."""
+        if self._result is None:
+            self._result = self._wait()
+        return self._result
+
+    def host_argmax(self) -> np.ndarray:
+        """``argmax``'s rows on the host [B (n + 1)] (waits for the rounds)."""
+        return self.result().reshape(-1)
+
 
 @dataclass(frozen=True)
 class Feed:
     """Input tokens from an earlier launch: token i of the batch is the argmax of row ``rows[i]``
-    of ``source`` (asynchronous scheduling: a decode step's input is the step before's output)."""
+    of ``source``, or where ``rows[i]`` is -1 the batch's own token i (asynchronous scheduling:
+    a decode step's input is the step before's output; speculative decoding: a verification's
+    guesses are the draft rounds' argmaxes, beside each sequence's last token, which the host
+    knows)."""
 
-    source: TopFuture
-    rows: np.ndarray  # [T] int64, rows of the source, one per token of the batch
+    source: TopFuture | TokensFuture
+    rows: np.ndarray  # [T] int64, rows of the source's argmax, one per token of the batch (-1: own)
 
-    def host_tokens(self) -> np.ndarray:
-        """The fed tokens on the host [T] (waits for the source): runners that run at once."""
-        return np.asarray(self.source.result().ids[self.rows, 0], dtype=np.int64)
+    def host_tokens(self, token_ids: np.ndarray) -> np.ndarray:
+        """The batch's tokens ``token_ids`` [T] with the fed ones in place, on the host (waits for
+        the source): runners that run at once, or take their feed through the host."""
+        fed = self.rows >= 0
+        tokens = np.array(token_ids, dtype=np.int64)
+        tokens[fed] = self.source.host_argmax()[self.rows[fed]]
+        return tokens
 
 
 @dataclass(frozen=True)
@@ -178,21 +215,6 @@ class Rounds:
         them: a round a sequence sits out decodes at position 0 into the scratch slot."""
         out = self.slots < 0
         return np.where(out, 0, self.positions), np.where(out, scratch_slot, self.slots)
-
-
-class TokensFuture:
-    """Launched greedy rounds (``launch_rounds``): ``result()`` waits for their argmaxes."""
-
-    def __init__(self, wait: Callable[[], np.ndarray]):
-        self._wait = wait
-        self._result: np.ndarray | None = None
-
-    def result(self) -> np.ndarray:
-        """Each sequence's argmax of the launch and of every round [B, n + 1] int64 (-1 in a
-        round the sequence sat out)."""
-        if self._result is None:
-            self._result = self._wait()
-        return self._result
 
 
 def last_logits_rows(batch: Batch) -> np.ndarray:
@@ -232,7 +254,7 @@ def launch_rounds_stepwise(runner: ModelRunner, batch: Batch, kv_cache: Any, rou
 
 def fed_batch(batch: Batch, feed: Feed | None) -> Batch:
     """The batch with its token ids taken from ``feed`` (read on the host), if there is one."""
-    return batch if feed is None else dataclasses.replace(batch, token_ids=feed.host_tokens())
+    return batch if feed is None else dataclasses.replace(batch, token_ids=feed.host_tokens(batch.token_ids))
 
 
 @dataclass(frozen=True)
@@ -336,14 +358,16 @@ class ModelRunner(Protocol):
     def launch_top(self, batch: Batch, kv_cache: Any, k: int, feed: Feed | None = None) -> TopFuture:
         """``forward_top`` without waiting for it: on a device that queues work, return once the
         step is queued, its top k on their way to the host (asynchronous scheduling); elsewhere
-        compute it now. With ``feed``, the batch's token ids are placeholders: each token is an
-        earlier launch's argmax, taken where that launch left it (on the device: no round trip)."""
+        compute it now. With ``feed``, the batch's fed token ids are placeholders: each is an
+        earlier launch's argmax (of a ``launch_top`` or a ``launch_rounds``), taken where that
+        launch left it (on the device: no round trip)."""
 
     def launch_rounds(self, batch: Batch, kv_cache: Any, rounds: Rounds) -> TokensFuture:
         """Greedy drafting: ``batch``, then ``rounds`` of one token per sequence, each fed the
         sequence's argmax of the step before where it lies (on the device: no round trip), all
         queued before the host waits (``launch_rounds_stepwise`` is the rule; a runner may run
-        the rounds as one launch, e.g. one CUDA graph)."""
+        the rounds as one launch, e.g. one CUDA graph, and leave their argmaxes on the device,
+        ``TokensFuture.argmax``, for a later launch's Feed)."""
 
     def copy_page(self, kv_cache: Any, src: int, dst: int) -> None:
         """Copy one page's K/V (all layers), for sequences forked from a shared prefix."""

@@ -26,7 +26,10 @@ Same function as ``numpy_ref.NumpyRunner``, arranged for speed:
   host's staging, its copy in, the argmax and its copy out, about a step of the target on a
   tiny pair; in one graph the k rounds cost one staging and one replay, the device's time
   alone. Without graphs (CPU) the same function runs eagerly, which is what CI compares
-  against the rule, round by round (``launch_rounds_stepwise``).
+  against the rule, round by round (``launch_rounds_stepwise``). The rounds' argmaxes stay on
+  the device as well (``TokensFuture.argmax``), so the verification of the guesses can be
+  launched behind the rounds with its guessed tokens gathered there (a ``Feed``) before the
+  host has read them.
 """
 
 from __future__ import annotations
@@ -381,7 +384,7 @@ class TorchRunner:
         """forward_top queued on the device (CUDA: returns before the step has run; CPU: at once
         computed). Fed tokens are gathered on the device from the source launch's argmax."""
         start = _timing_event(self.device)
-        tokens = self._fed_tokens(feed) if feed is not None else None
+        tokens = self._fed_tokens(batch, feed) if feed is not None else None
         return top_future(self._device_logits(batch, kv_cache, tokens), k, start, self._greedy_reduce)
 
     def launch_rounds(self, batch: Batch, kv_cache: TorchKVCache, rounds: Rounds) -> TokensFuture:
@@ -439,12 +442,15 @@ class TorchRunner:
             chosen.append(argmax)
         return torch.stack(chosen, dim=1)  # [b, n + 1]
 
-    def _fed_tokens(self, feed: Feed) -> Tensor:
-        """A Feed's tokens [T] as a device tensor, read from the source's argmax where it lies."""
+    def _fed_tokens(self, batch: Batch, feed: Feed) -> Tensor:
+        """The batch's tokens [T] as a device tensor, the fed ones read from the source's argmax
+        where it lies."""
         argmax = feed.source.argmax
         if not isinstance(argmax, Tensor):  # a source computed on the host
-            return torch.from_numpy(feed.host_tokens()).to(self.device)
-        return argmax_rows(argmax, feed.rows)
+            return torch.from_numpy(feed.host_tokens(batch.token_ids)).to(self.device)
+        if (feed.rows >= 0).all():
+            return argmax_rows(argmax, feed.rows)
+        return fed_among_own(argmax, feed.rows, batch.token_ids)
 
     @torch.no_grad()
     def _device_logits(self, batch: Batch, kv_cache: TorchKVCache, tokens: Tensor | None = None) -> Tensor:
@@ -682,14 +688,17 @@ def _sat_out_after(rounds: Rounds, num_rounds: int) -> Rounds:
 def _tokens_future(ids: Tensor, sat_out: np.ndarray) -> TokensFuture:
     """Argmaxes [B, n + 1] for the host, queued behind the rounds (on CUDA copied to pinned host
     memory without waiting, an event marking when they have landed); -1 where ``sat_out``
-    [B, n] says a sequence sat a round out (it computed a row, for nobody)."""
+    [B, n] says a sequence sat a round out (it computed a row, for nobody). They stay on the
+    device too, for a Feed (a replayed graph's own output: read in stream order before its next
+    replay, which only a later launch queues)."""
     def marked(host: np.ndarray) -> np.ndarray:
         host = host.copy()
         host[:, 1:][sat_out] = -1
         return host
 
+    flat = ids.reshape(-1)  # the argmax a Feed reads: row b (n + 1) + r
     if ids.device.type != "cuda":
-        return TokensFuture(lambda: marked(ids.numpy()))
+        return TokensFuture(lambda: marked(ids.numpy()), flat)
     host = ids.to("cpu", non_blocking=True)
     landed = torch.cuda.Event()
     landed.record()
@@ -698,7 +707,7 @@ def _tokens_future(ids: Tensor, sat_out: np.ndarray) -> TokensFuture:
         landed.synchronize()
         return marked(host.numpy())
 
-    return TokensFuture(wait)
+    return TokensFuture(wait, flat)
 
 
 def argmax_rows(argmax: Tensor, rows: np.ndarray) -> Tensor:
@@ -709,6 +718,17 @@ def argmax_rows(argmax: Tensor, rows: np.ndarray) -> Tensor:
     if argmax.device.type == "cuda":  # pinned, so that the copy does not wait for the device
         index = index.pin_memory().to(argmax.device, non_blocking=True)
     return argmax.index_select(0, index)
+
+
+def fed_among_own(argmax: Tensor, rows: np.ndarray, own: np.ndarray) -> Tensor:
+    """Tokens [T] on argmax's device: row ``rows[i]`` of a launch's argmax, or the batch's own
+    token ``own[i]`` where ``rows[i]`` is -1 (a verification: the last token the host knows, the
+    guesses the draft's rounds left on the device). Both go over in one copy."""
+    both = torch.from_numpy(np.stack([np.asarray(own, dtype=np.int64), np.asarray(rows, dtype=np.int64)]))
+    if argmax.device.type == "cuda":  # pinned, so that the copy does not wait for the device
+        both = both.pin_memory().to(argmax.device, non_blocking=True)
+    own_ids, fed_rows = both  # [T] each
+    return torch.where(fed_rows >= 0, argmax[fed_rows.clamp(min=0)], own_ids)
 
 
 def reduce_top(logits: Tensor, k: int, reduce: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None

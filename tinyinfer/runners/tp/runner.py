@@ -258,8 +258,8 @@ class TensorParallelRunner:
         this runner's last top-k launch stays on the devices: each rank takes the tokens from its
         own argmax of that step. With ``time_collectives`` the step is waited for at once (the
         timers a graph holds are recorded again by its next replay)."""
-        if feed is not None and feed.source is not self._last_top:
-            batch, feed = fed_batch(batch, feed), None  # another source: its tokens via the host
+        if feed is not None and (feed.source is not self._last_top or (feed.rows < 0).any()):
+            batch, feed = fed_batch(batch, feed), None  # another source, or own tokens too: via the host
         fed = None if feed is None else np.ascontiguousarray(feed.rows, dtype=np.int64)
         self._send(Command("forward", kv_cache.kv_id, (k,), batch, fed=fed))
         with self._step_guard():

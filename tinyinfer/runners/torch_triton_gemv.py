@@ -56,20 +56,20 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tinyinfer.runners.torch_layers import KernelWeight
 from tinyinfer.runners.torch_quant_gemv import fused_gemv
-from tinyinfer.runners.torch_triton import uses_pdl
 from tinyinfer.runners.triton_common import (
     check_prologue,
     epilogue,
     load,
+    release_next,
     split_buffers,
     trip_count,
+    wait_for_previous,
     weight_tiles,
 )
-from tinyinfer.runners.triton_env import INTERPRETED, runs_kernels
+from tinyinfer.runners.triton_env import INTERPRETED, launches_dependent, runs_kernels
 
 
 class Config(NamedTuple):
@@ -128,8 +128,7 @@ def _gemv_kernel(
     w, u = weight_tiles(rows, up_rows, first, n_ok, K, EVEN, GATED)
     if AHEAD == 2:
         w1, u1 = weight_tiles(rows, up_rows, first + BLOCK_K, n_ok, K, EVEN, GATED)
-    if PDL:
-        gdc_wait()
+    wait_for_previous(PDL)
     x_row = x_ptr + m * K
     res_row = res_ptr + m * K
     rstd = 0.0
@@ -165,8 +164,7 @@ def _gemv_kernel(
     if AHEAD == 2:
         acc, acc_u = _accumulate(w1, u1, last + BLOCK_K, acc, acc_u, x_row, res_row, norm_ptr, rstd,
                                  K, dtype, NORM, ADD_RES, GATED, EVEN)
-    if PDL:  # the next kernel may launch now: its first tiles of weights load under this tail
-        gdc_launch_dependents()
+    release_next(PDL)  # the next kernel may launch now: its first tiles of weights load under this tail
     gate = tl.sum(acc, 1)
     up = gate
     if GATED:
@@ -220,7 +218,7 @@ def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *
     steps = triton.cdiv(blocks, config.split_k)
     if config.ahead not in (1, 2):
         raise ValueError(f"ahead is 1 or 2 tiles, not {config.ahead}")
-    pdl = uses_pdl(x.device)
+    pdl = launches_dependent(x.device)
     unused = out
     _gemv_kernel[grid](
         x, unused if residual is None else residual, unused if sum_out is None else sum_out,

@@ -11,9 +11,10 @@ every step's logits must be equal bit for bit. Then the batch-1 decode graph of 
 in turn three times (CUDA events, median of 60 replays each), against the roofline: the bytes a
 step reads (weights streamed + K/V at the context) over a 2 GiB device-to-device copy. The
 quantized formats, whose steps run compiled glue (the 8B's layers, the quantized heads), add
-"on, Inductor plain": tinyinfer's kernels with it, Inductor's without; and where the layers run
-the compiled glue (int4 wider than 2048), the decode attention with it too (the runner launches
-it so only beside its fused products).
+"on, Inductor's too": the runner's PDL, and Inductor's kernels built with its own
+(``triton.enable_pdl``), which the runner does not ask for; with --attention, where the layers
+run the compiled glue (int4 wider than 2048), "on, attention too": the decode attention launched
+with it there too (the runner launches it so only beside its fused products).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch._inductor.config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -39,7 +41,6 @@ from gpu_check import BENCH_CONFIGS, BLOCK, SMOKE_BENCH, copy_bandwidth, environ
 from gpu_quant_bench import bench_weights, decode_products, split_variant  # noqa: E402
 
 from tinyinfer.config import config_from_dict  # noqa: E402
-from tinyinfer.runners import torch_fast  # noqa: E402
 from tinyinfer.runners.runner import make_batch  # noqa: E402
 from tinyinfer.runners.torch_fast import TorchRunner  # noqa: E402
 
@@ -68,26 +69,25 @@ def variant_runner(config: Any, weights: dict[str, Any], fmt: str, pdl: bool, de
                        pdl=pdl if device.type == "cuda" else None)
 
 
-def shape_format(name: str, raw: dict[str, Any], fmt: str, bandwidth: float, device: torch.device) -> dict[str, Any]:
+def shape_format(name: str, raw: dict[str, Any], fmt: str, bandwidth: float, device: torch.device,
+                 args_attention: bool = False) -> dict[str, Any]:
     torch._dynamo.reset()
     config = config_from_dict(raw)
     weights = bench_weights(config, split_variant(fmt)[0], device)
     prompt = np.random.default_rng(1).integers(0, config.vocab_size, PROMPT).tolist()
     runners = {"off": variant_runner(config, weights, fmt, False, device),
                "on": variant_runner(config, weights, fmt, True, device)}
-    if fmt != "bf16":  # the quantized steps run compiled glue (the 8B's layers, the heads)
-        with_inductor = torch_fast._inductor_has_pdl
-        torch_fast._inductor_has_pdl = lambda: False  # tinyinfer's kernels only, Inductor's plain
-        try:
-            runners["on, Inductor plain"] = variant_runner(config, weights, fmt, True, device)
-            if runners["on"].decode_products == "torch" and runners["on"].decode_attention_kind == "triton":
-                from tinyinfer.runners import torch_triton
+    inductor = {}  # variants whose compiled glue Inductor builds with its own PDL (triton.enable_pdl)
+    if fmt != "bf16":  # the quantized steps run compiled glue (the 8B's layers, the quantized heads)
+        runners["on, Inductor's too"] = variant_runner(config, weights, fmt, True, device)
+        inductor["on, Inductor's too"] = {"triton.enable_pdl": True}
+        on = runners["on"]
+        if args_attention and on.decode_products == "torch" and on.decode_attention_kind == "triton":
+            from tinyinfer.runners import torch_triton
 
-                extra = variant_runner(config, weights, fmt, True, device)
-                extra.decode_attention = functools.partial(torch_triton.paged_decode_attention, pdl=True)
-                runners["on, Inductor plain, attention too"] = extra
-        finally:
-            torch_fast._inductor_has_pdl = with_inductor
+            extra = variant_runner(config, weights, fmt, True, device)
+            extra.decode_attention = functools.partial(torch_triton.paged_decode_attention, pdl=True)
+            runners["on, attention too"] = extra
     del weights
     ref, kv, position = run_steps(runners["off"], prompt, None)
     fed = [int(step[-1].argmax()) for step in ref[:-1]]
@@ -97,7 +97,8 @@ def shape_format(name: str, raw: dict[str, Any], fmt: str, bandwidth: float, dev
         logits = ref
         if key != "off":
             try:
-                logits, kv, position = run_steps(runner, prompt, fed)
+                with torch._inductor.config.patch(inductor.get(key, {})):  # it compiles at the first decode step
+                    logits, kv, position = run_steps(runner, prompt, fed)
             except Exception as exc:  # noqa: BLE001 - recorded; the other variants still run
                 result["variants"][key] = {"error": f"{type(exc).__name__}: {exc}"}
                 log(f"FAILED {name} {fmt} pdl {key}: {type(exc).__name__}: {exc}")
@@ -144,11 +145,14 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="a tiny shape on any device (dry run)")
     parser.add_argument("--shapes", nargs="+", default=["llama-3.2-1b", "llama-3-8b"], choices=list(BENCH_CONFIGS))
     parser.add_argument("--formats", nargs="+", default=["bf16", "int4-g128+head@auto"])
+    parser.add_argument("--attention", action="store_true",
+                        help="where the layers run the compiled glue, also the decode attention with it")
     parser.add_argument("--budget-s", type=float, default=330.0, help="start no new shape after this many seconds")
     args = parser.parse_args()
     start = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    report: dict[str, Any] = {"environment": environment(device), "inductor_pdl": torch_fast._inductor_has_pdl()}
+    report: dict[str, Any] = {"environment": environment(device),
+                              "inductor_pdl": "triton.enable_pdl" in torch._inductor.config.get_config_copy()}
     report["bandwidth_GBps"] = copy_bandwidth(device, 2**24 if args.smoke else 2**31)
     log(f"{report['environment']}; copy {report['bandwidth_GBps']:.0f} GB/s; Inductor's triton.enable_pdl: "
         f"{report['inductor_pdl']}")
@@ -161,7 +165,8 @@ def main() -> int:
                 log(f"skipped {name} {fmt}: past the {args.budget_s:.0f} s budget")
                 continue
             try:
-                report["results"].append(shape_format(name, raw, fmt, report["bandwidth_GBps"], device))
+                report["results"].append(shape_format(name, raw, fmt, report["bandwidth_GBps"], device,
+                                                        args.attention))
             except Exception as exc:  # noqa: BLE001 - recorded; the other variants still run
                 report.setdefault("errors", []).append(f"{name} {fmt}: {type(exc).__name__}: {exc}")
                 log(f"FAILED {name} {fmt}: {type(exc).__name__}: {exc}")

@@ -52,7 +52,7 @@ import numpy as np, torch
 from tinyinfer.config import config_from_dict
 from tinyinfer.errors import TinyInferError
 from tinyinfer.quant import QuantConfig, quantize
-from tinyinfer.runners import torch_layers as layers, torch_quant_kernel as qk, torch_triton, triton_env
+from tinyinfer.runners import torch_layers as layers, torch_triton, triton_env
 from tinyinfer.runners import torch_triton_gemv as G
 from tinyinfer.runners.torch_fast import TorchRunner
 from tinyinfer.runners.torch_weights import random_weights
@@ -85,7 +85,6 @@ x, r, w, norm = torch.randn(1, 96), torch.randn(1, 96), 0.1 * torch.randn(80, 96
 qw = quantize(np.random.default_rng(0).standard_normal((24, 128)).astype(np.float32), QuantConfig.parse("int4-g32"))
 kw = layers.kernel_weight(qw, torch.device("cpu"))
 xq = torch.randn(1, 128)
-xg, xsum = layers.kernel_inputs(xq, kw.bits, kw.group_size)
 qkv = torch.randn(1, 4 * 16)
 cache = torch.randn(2, 8, 4, 1, 16)
 def launches():
@@ -95,8 +94,6 @@ def launches():
         num_splits=2, pdl=True)
     total = torch.empty_like(x)
     return [G.gemv(x, w, norm=norm, residual=r, sum_out=total, eps=1e-5), total, G.gemv(x, w[:48], gated=True),
-            qk.quant_matmul(xg, xsum, kw.words, kw.scales, kw.offsets, kw.bits, kw.group_size, kw.zero,
-                            torch.float32, qk.Config(8, 64)),
             G.gemv(xq, kw, norm=1 + 0.1 * xq[0], eps=1e-5), attention, k_cache]
 plain = launches()
 with triton_env.dependent_launch(True):

@@ -194,7 +194,7 @@ class TorchRunner:
             # past Dynamo's default limit of 8 it would silently run eager.
             dynamo_config = torch._dynamo.config
             dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
-            self._decode_fns = tuple(self._compiled(fn) for fn in self._eager)
+            self._decode_fns = tuple(torch.compile(fn) for fn in self._eager)
         fusable = (self._fusable() if decode_products != "torch" and triton_env.runs_kernels(self.device)
                    else None)
         self.decode_products = self._pick_decode_products(decode_products, fusable)
@@ -222,29 +222,25 @@ class TorchRunner:
             # number of sequences (by default the splits fill the GPU for the batch at hand)
             splits = {"num_splits": _triton_max_splits()} if self.batch_invariant else {}
             self._fused_attention = functools.partial(self.decode_attention, pdl=True, **splits)
-        self._greedy_reduce = self._compiled(greedy_reduce) if self.compile else greedy_reduce
+        self._greedy_reduce = torch.compile(greedy_reduce) if self.compile else greedy_reduce
         self._announced_compile = False
 
     # ------------------------------------------------------------------ setup
 
     def _pick_pdl(self, choice: bool | None) -> bool:
-        """Programmatic dependent launch of the decode step's kernels (a kernel's programs start
-        while the previous kernel's finish, and wait for its results before reading them;
-        ``triton_common``): tinyinfer's Triton kernels and, compiled, Inductor's. None: on where
+        """Programmatic dependent launch of the fused decode products and the attention beside
+        them (``triton_common``): a kernel's programs start while the previous kernel's finish,
+        load their first weights, and wait for its results before reading them. None: on where
         the device supports it (a CUDA card of compute capability 9.0 or later, Triton
-        installed), where it measured faster (docs/fast-path.md); True elsewhere is refused."""
+        installed), where it measured faster (an H100: the 1B step 1.06x, docs/fast-path.md);
+        True elsewhere is refused. Steps on the compiled glue launch every kernel plainly: there
+        it gained nothing (the unfused int4 products 0.98x) or, through Inductor's
+        ``triton.enable_pdl`` on torch 2.11, changed the logits."""
         supported = triton_env.supports_dependent_launch(self.device)
         if choice and not supported:
             raise TinyInferError("pdl=True (programmatic dependent launch) needs a CUDA card of compute "
                                  "capability 9.0 or later and the triton package: leave pdl unset or pass pdl=False")
         return supported if choice is None else bool(choice)
-
-    def _compiled(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``torch.compile(fn)``, its Triton kernels launched with programmatic dependent launch
-        when ``pdl`` is on (Inductor's ``triton.enable_pdl``: each waits before reading what the
-        kernel before it wrote)."""
-        options = {"triton.enable_pdl": True} if self.pdl and _inductor_has_pdl() else None
-        return torch.compile(fn, options=options)
 
     def _pick_decode_attention(self, choice: str) -> str:
         """"triton" (the kernel) where it applies, else "torch" (gather + mask); "auto" takes
@@ -795,15 +791,6 @@ def _timing_event(device: torch.device) -> Any:
     event = torch.cuda.Event(enable_timing=True)
     event.record()
     return event
-
-
-def _inductor_has_pdl() -> bool:
-    """Whether this torch's Inductor can launch its Triton kernels with programmatic dependent
-    launch (its ``triton.enable_pdl`` option; older versions have none, and then only
-    tinyinfer's kernels use it)."""
-    from torch._inductor import config as inductor_config
-
-    return "triton.enable_pdl" in inductor_config.get_config_copy()
 
 
 def _triton_max_splits() -> int:

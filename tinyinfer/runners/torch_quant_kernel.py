@@ -29,10 +29,6 @@ to ``tinyinfer.quant.dequantize``.
   next two or three steps into shared memory while this one computes (it stages loads that feed
   no ``tl.dot`` only for a loop that names its depth). On cards of compute capability 9.0 on,
   the words come through a tensor descriptor: the copy engine moves whole tiles (TMA).
-* **Programmatic dependent launch** (``triton_common``; the runner's ``pdl`` option): the
-  one-row program loads its first step of words and scales, which no earlier kernel writes,
-  then waits (``gdc_wait``) for the kernel that wrote x; the matrix-unit program waits first.
-  Either lets the next kernel launch once its loop is done.
 * **Split K.** A matrix with few output tiles (a small model's o projection) splits its inputs
   across programs; each writes a float32 partial sum, and the last program of a tile to finish
   (counted with an atomic) adds them up in a fixed order, writes the output and resets its
@@ -53,13 +49,11 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from tinyinfer.runners.quant_words import CODE_MASK, PER_WORD
 from tinyinfer.runners.triton_common import (
     load,
-    release_next,
     split_counters,
     split_fits,
     trip_count,
-    wait_for_previous,
 )
-from tinyinfer.runners.triton_env import INTERPRETED, launches_dependent
+from tinyinfer.runners.triton_env import INTERPRETED
 
 ELEMENTWISE_ROWS = {4: 2, 8: 1}  # up to this many rows of x: the elementwise program (a row each)
 MAX_ROWS_PER_TILE = 64  # rows of activations one program multiplies (more rows: more programs)
@@ -152,22 +146,6 @@ def group_words(block, g, w, BLOCK_WORDS: tl.constexpr, SPAN_WORDS: tl.constexpr
 
 
 @triton.jit
-def _one_row_step(acc, x_ptr, xsum_ptr, words, scale, shift, pid_m, K, kw, k_ok, code_mask, row_words,
-                  BITS: tl.constexpr, PER: tl.constexpr, EVEN: tl.constexpr):
-    """One loop step of the one-row program: per word, (BASE + code) * x summed over its codes,
-    then scale * that + shift * (its inputs' sum), added to acc [BN, G, W] (a shift, a logic
-    operation and a multiply-add per weight)."""
-    row = x_ptr + pid_m * K + kw  # [G, W]: the input code 0 of each word meets
-    part = decode_words(words, code_mask, 0, BITS) * load(row, k_ok, EVEN)[None, :, :]
-    for j in tl.static_range(1, PER):
-        xj = load(row + j * row_words, k_ok, EVEN)  # [G, W]
-        part += decode_words(words, code_mask, j, BITS) * xj[None, :, :]
-    xw = load(xsum_ptr + pid_m * row_words + kw, k_ok, EVEN)  # [G, W]
-    acc += part * scale[:, :, None] + shift[:, :, None] * xw[None, :, :]
-    return acc
-
-
-@triton.jit
 def _quant_matmul_kernel(
     x_ptr, xsum_ptr, words_ptr, scales_ptr, offsets_ptr, out_ptr, partial_ptr, counters_ptr,
     M, N, K, steps, code_mask, ROW_WORDS: tl.constexpr,
@@ -175,7 +153,6 @@ def _quant_matmul_kernel(
     HAS_OFFSETS: tl.constexpr, SPAN_WORDS: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     DOT: tl.constexpr, IEEE: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """out[M, N] = x @ W^T, W [N, K] from packed codes. Programs: (N tiles, splits, M tiles).
 
@@ -208,27 +185,10 @@ def _quant_matmul_kernel(
         flat = tl.arange(0, BLOCK_WORDS)  # the tile's words in (group, word) order
     else:
         acc = tl.zeros([BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS], tl.float32)  # one row of x: pid_m
-    start = 0
-    if not DOT:
-        # One row: the first step's words and scales, which no earlier kernel writes, before
-        # waiting for the kernel that wrote x (programmatic dependent launch).
-        # (Names of their own: the loop below carries no loaded value from one step to the next.)
-        kw0 = first * BLOCK_WORDS + g[:, None] * SPAN_WORDS + w[None, :]  # [G, W] word columns
-        k_ok0 = kw0 < row_words
-        words0 = word_tile(words_ptr, row_at, n_ok, pid_n * BLOCK_N, first, kw0, k_ok0, BLOCK_N, GROUPS_PER_BLOCK,
-                           SPAN_WORDS, EVEN, TMA)
-        scale0, shift0 = scale_shift(scales_ptr, offsets_ptr, n, n_ok, first, g, num_groups, BLOCK_K, GROUP, BASE,
-                                     ZERO, HAS_OFFSETS, EVEN)
-        wait_for_previous(PDL)
-        acc = _one_row_step(acc, x_ptr, xsum_ptr, words0, scale0, shift0, pid_m, K, kw0, k_ok0, code_mask,
-                            row_words, BITS, PER, EVEN)
-        start = 1
-    else:
-        wait_for_previous(PDL)
     # The loop carries no loaded value from one step to the next, so Triton's pipeliner can issue
     # the loads of STAGES - 1 steps ahead into shared memory (the num_stages of tl.range is what
     # makes it stage loads that feed no tl.dot).
-    for step in tl.range(start, trip_count(steps, INTERPRETED_STEPS), num_stages=STAGES):
+    for step in tl.range(0, trip_count(steps, INTERPRETED_STEPS), num_stages=STAGES):
         block = first + step
         kw = block * BLOCK_WORDS + g[:, None] * SPAN_WORDS + w[None, :]  # [G, W] word columns
         k_ok = kw < row_words
@@ -249,9 +209,15 @@ def _quant_matmul_kernel(
                 else:
                     acc = tl.dot(tile, xt.to(out_ptr.dtype.element_ty), acc)
         else:
-            acc = _one_row_step(acc, x_ptr, xsum_ptr, words, scale, shift, pid_m, K, kw, k_ok, code_mask,
-                                row_words, BITS, PER, EVEN)
-    release_next(PDL)  # the next kernel may launch now: its first words load under this tail
+            # per word: (BASE + code) * x summed over its codes, then scale * that + shift * (its
+            # inputs' sum): a shift, a logic operation and a multiply-add per weight
+            row = x_ptr + pid_m * K + kw  # [G, W]: the input code 0 of each word meets
+            part = decode_words(words, code_mask, 0, BITS) * load(row, k_ok, EVEN)[None, :, :]
+            for j in tl.static_range(1, PER):
+                xj = load(row + j * row_words, k_ok, EVEN)  # [G, W]
+                part += decode_words(words, code_mask, j, BITS) * xj[None, :, :]
+            xw = load(xsum_ptr + pid_m * row_words + kw, k_ok, EVEN)  # [G, W]
+            acc += part * scale[:, :, None] + shift[:, :, None] * xw[None, :, :]
     if DOT:
         out_at = m[None, :] * N + n[:, None]  # [BN, BM]
         out_ok = n_ok[:, None] & m_ok[None, :]
@@ -375,7 +341,6 @@ def quant_matmul(x: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets
     steps = triton.cdiv(blocks, config.split_k)
     if config.tma:  # [BLOCK_N, BLOCK_WORDS] tiles of the words, loaded by the copy engine
         words = TensorDescriptor.from_tensor(words, [config.block_n, config.block_k // PER_WORD[bits]])
-    pdl = launches_dependent(x.device)
     _quant_matmul_kernel[grid](
         x.contiguous(), xsum.contiguous(), words, scales, scales if offsets is None else offsets, out,
         partial, counters, m, n, k, steps, CODE_MASK[bits], ROW_WORDS=k // PER_WORD[bits],
@@ -385,8 +350,8 @@ def quant_matmul(x: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT_K=config.split_k, DOT=config.dot, IEEE=out_dtype == torch.float32,
         EVEN=n % config.block_n == 0 and k % config.block_k == 0 and blocks % config.split_k == 0,
-        STAGES=config.num_stages, TMA=config.tma, PDL=pdl,
-        num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
+        STAGES=config.num_stages, TMA=config.tma,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
 

@@ -20,11 +20,12 @@ compiled (sums and norms in float32, each product's output rounded to the comput
 it is used; silu(gate) * up rounded once, as inductor fuses it, where eager torch rounds
 silu(gate) first), so the runner swaps one set for the other.
 
-On cards with programmatic dependent launch (compute capability 9.0+) every kernel here, and the
-decode attention kernels between them, are launched so that a kernel's programs start as the
-previous kernel's finish: a product loads its first tile of weights, which no earlier kernel writes,
-before it waits for the previous kernel's results (``gdc_wait``), so the launch gap and the
-ramp-up of the weight stream overlap the previous kernel's tail.
+With programmatic dependent launch (the runner's ``pdl`` option, on by default on cards of
+compute capability 9.0+; ``triton_common``) every kernel here, and the decode attention kernels
+between them, are launched so that a kernel's programs start as the previous kernel's finish: a
+product loads its first tile of weights, which no earlier kernel writes, before it waits for the
+previous kernel's results (``gdc_wait``), so the launch gap and the ramp-up of the weight stream
+overlap the previous kernel's tail (an H100: the 1B step 1.134 -> 1.072 ms, the 8B 5.705 -> 5.590).
 
 Tiles (``pick_config``). A one-row product is a stream of weights with almost no arithmetic, so
 what bounds it is the bytes in flight: HBM answers a load ~1 us after it is issued, and a

@@ -12,8 +12,11 @@ kernel writes (the weights) it may load before. A kernel that waits finishes onl
 before it, so the waits chain back through the step. Launchers ask
 ``triton_env.launches_dependent`` (inside the runner's ``dependent_launch(pdl)``, on a card that
 has it) and pass the answer as the kernel's PDL constexpr and as ``launch_pdl``; CUDA graphs keep
-the launches' programmatic edges when they capture them. torch's own kernels (cuBLAS, copies) launch without
-it, so the next kernel simply follows them.
+the launches' programmatic edges when they capture them. The fused decode products and the
+attention between them use it; torch's own kernels (cuBLAS, copies, collectives), Inductor's and
+the unfused int8 / int4 products (``torch_quant_kernel``) launch without it, so the next kernel
+simply follows them (docs/fast-path.md says why: no faster there, and Inductor's own PDL, on
+torch 2.11, changed the logits).
 """
 
 from __future__ import annotations

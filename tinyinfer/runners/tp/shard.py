@@ -357,7 +357,7 @@ class ShardRunner(TorchRunner):
         # stays eager on the torch path (one cuBLAS call); decode steps take the fused Triton
         # products where TorchRunner chose them (decode_products; _fused_layer_fns below).
         eager = (layers.attention_input, mlp_after_attention, layers.final_logits)
-        compiled = tuple(self._compiled(f) for f in eager) if self.compile else eager
+        compiled = tuple(torch.compile(f) for f in eager) if self.compile else eager
         self._eager = (eager[0], layers.linear, *eager[1:])
         self._decode_fns = (compiled[0], layers.linear, *compiled[1:])
         self._graph_sets: weakref.WeakSet[DecodeGraphs] = weakref.WeakSet()

@@ -341,7 +341,7 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
     (int8 K/V: int8 caches and their float16 scales [P, S, Hkv], contiguous). -> [B q, H hd].
     num_splits (a power of two) splits each context across programs; None picks by GPU size
     and B alone, so a row's arithmetic is the same whatever q is. pdl: launch with programmatic
-    dependent launch inside ``triton_common.dependent_launch(True)`` where the card has it (the
+    dependent launch inside ``triton_env.dependent_launch(True)`` where the card has it (the
     runner asks for it after its own products only: after cuBLAS's, whose kernels let the next
     one launch early, the attention's waiting programs slowed the step).
     """

@@ -43,8 +43,8 @@ from gpu_check import check_decode_kernel, graph_us_per_call, median_ms  # noqa:
 
 from tinyinfer.bench import shapes as bs  # noqa: E402
 from tinyinfer.bench.measure import measure_copy_bandwidth  # noqa: E402
-from tinyinfer.runners import torch_triton  # noqa: E402
 from tinyinfer.runners import torch_triton_gemv as gemv  # noqa: E402
+from tinyinfer.runners import triton_env  # noqa: E402
 from tinyinfer.runners.runner import make_batch  # noqa: E402
 from tinyinfer.runners.torch_fast import TorchRunner  # noqa: E402
 from tinyinfer.runners.torch_weights import random_weights  # noqa: E402
@@ -96,9 +96,9 @@ def check(device: torch.device) -> dict:
 
 def step_variant(config, weights, products: str, pdl: str, device: torch.device) -> dict:
     """Batch-1 decode through one variant: graph replay time and a profile of its kernels.
-    pdl: "on" or "off" (programmatic dependent launch of the Triton kernels)."""
-    torch_triton._pdl[torch.device("cuda", torch.cuda.current_device())] = pdl == "on"
-    runner = TorchRunner(config, weights, device=str(device), dtype="bfloat16", decode_products=products)
+    pdl: "on" or "off" (the runner's pdl option: programmatic dependent launch of the Triton kernels)."""
+    runner = TorchRunner(config, weights, device=str(device), dtype="bfloat16", decode_products=products,
+                         pdl=pdl == "on")
     table = list(range(math.ceil((PROMPT + DECODE + 8) / PAGE)))
     kv = runner.new_kv_cache(len(table), PAGE)
     prompt = np.random.default_rng(0).integers(0, config.vocab_size, PROMPT).tolist()
@@ -156,7 +156,6 @@ def steps(shape: str, device: torch.device, bandwidth: float, chosen: str) -> di
             log(variants[name]["error"])
         gc.collect()
         torch.cuda.empty_cache()
-    torch_triton._pdl.clear()
     base = next(iter(variants.values()), {}).get("first_decode_logits")
     for v in variants.values():
         logits = v.pop("first_decode_logits", None)
@@ -269,4 +268,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # kernels timed alone launch as a runner's steps launch them (programmatic dependent launch
+    # where the card has it); each runner built here applies its own pdl option inside
+    with triton_env.dependent_launch(True):
+        sys.exit(main())

@@ -52,6 +52,7 @@ from gpu_check import graph_us_per_call  # noqa: E402
 from tinyinfer.bench import shapes as bs  # noqa: E402
 from tinyinfer.bench.measure import measure_copy_bandwidth  # noqa: E402
 from tinyinfer.runners import torch_triton_gemv as gemv  # noqa: E402
+from tinyinfer.runners import triton_env  # noqa: E402
 
 LAYERS, HEADS = 32, 4  # weights a graph cycles through: a model's layers, and LM heads
 EPS = 1e-5
@@ -347,4 +348,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # kernels timed alone launch as a runner's steps launch them (programmatic dependent launch
+    # where the card has it); each runner built here applies its own pdl option inside
+    with triton_env.dependent_launch(True):
+        sys.exit(main())

@@ -40,6 +40,7 @@ from gpu_quant_kernels import copies_for, fresh_output_memory, nbytes, random_ke
 
 from tinyinfer.quant import QuantConfig, dequantize, quantize  # noqa: E402
 from tinyinfer.runners import torch_layers as L  # noqa: E402
+from tinyinfer.runners import triton_env  # noqa: E402
 
 CHECK_FORMATS = ("int8", "int8-g32", "int4-g128", "int4-g32", "int4-g64-asym", "int4-g32-min")
 SHAPES = {  # one layer's products and the LM head, [out, in]
@@ -319,4 +320,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # kernels timed alone launch as a runner's steps launch them (programmatic dependent launch
+    # where the card has it); each runner built here applies its own pdl option inside
+    with triton_env.dependent_launch(True):
+        sys.exit(main())

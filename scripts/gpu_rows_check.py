@@ -44,6 +44,7 @@ from tinyinfer.bench import shapes as bs  # noqa: E402
 from tinyinfer.runners import torch_layers as L  # noqa: E402
 from tinyinfer.runners import torch_triton_gemv as gemv  # noqa: E402
 from tinyinfer.runners import torch_triton_rows as rows  # noqa: E402
+from tinyinfer.runners import triton_env  # noqa: E402
 from tinyinfer.runners.runner import make_batch  # noqa: E402
 from tinyinfer.runners.torch_fast import TorchRunner  # noqa: E402
 from tinyinfer.runners.torch_weights import random_weights  # noqa: E402
@@ -314,4 +315,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # kernels timed alone launch as a runner's steps launch them (programmatic dependent launch
+    # where the card has it); each runner built here applies its own pdl option inside
+    with triton_env.dependent_launch(True):
+        sys.exit(main())

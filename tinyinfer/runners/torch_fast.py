@@ -164,11 +164,12 @@ class TorchRunner:
                  decode_attention: str = "auto", max_graph_batch: int = 256,
                  quant_kernel: str = "auto", kv_cache_dtype: str = "auto",
                  prefill_attention: str = "auto", decode_products: str = "auto",
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, pdl: bool | None = None):
         self.config = config
         self.kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype)
         self.device = pick_device(device)
         on_cuda = self.device.type == "cuda"
+        self.pdl = self._pick_pdl(pdl)
         int4 = any(isinstance(w, QuantizedWeight) and w.config.bits == 4 for w in weights.values())
         self.dtype = pick_dtype(dtype, on_cuda, int4)
         if cuda_graphs and not on_cuda:
@@ -228,6 +229,21 @@ class TorchRunner:
         self._announced_compile = False
 
     # ------------------------------------------------------------------ setup
+
+    def _pick_pdl(self, choice: bool | None) -> bool:
+        """Programmatic dependent launch of the fused decode products and the attention beside
+        them (``triton_common``): a kernel's programs start while the previous kernel's finish,
+        load their first weights, and wait for its results before reading them. None: on where
+        the device supports it (a CUDA card of compute capability 9.0 or later, Triton
+        installed), where it measured faster (an H100: the 1B step 1.06x, docs/fast-path.md);
+        True elsewhere is refused. Steps on the compiled glue launch every kernel plainly: there
+        it gained nothing (the unfused int4 products 0.98x) or, through Inductor's
+        ``triton.enable_pdl`` on torch 2.11, changed the logits."""
+        supported = triton_env.supports_dependent_launch(self.device)
+        if choice and not supported:
+            raise TinyInferError("pdl=True (programmatic dependent launch) needs a CUDA card of compute "
+                                 "capability 9.0 or later and the triton package: leave pdl unset or pass pdl=False")
+        return supported if choice is None else bool(choice)
 
     def _pick_decode_attention(self, choice: str) -> str:
         """"triton" (the kernel) where it applies, else "torch" (gather + mask); "auto" takes
@@ -334,6 +350,7 @@ class TorchRunner:
             "quant_kernel": self.quant_kernel,
             "decode_products": self.decode_products,
             "batch_invariant": self.batch_invariant,
+            "pdl": self.pdl,
         }
 
     # ------------------------------------------------------------------ protocol
@@ -397,7 +414,7 @@ class TorchRunner:
         if (q is None or q > MAX_ROUNDS_CATCH_UP
                 or not np.array_equal(batch.logits_rows, np.arange(batch.num_tokens))):
             return launch_rounds_stepwise(self, batch, kv_cache, rounds)
-        with torch.no_grad():
+        with torch.no_grad(), triton_env.dependent_launch(self.pdl):
             if self.cuda_graphs:
                 graphs = self._round_graphs(q, n, kv_cache)
                 size = graphs.padded_size(batch.num_seqs) if graphs is not None else None
@@ -456,11 +473,12 @@ class TorchRunner:
     def _device_logits(self, batch: Batch, kv_cache: TorchKVCache, tokens: Tensor | None = None) -> Tensor:
         """Logits [R, V] left on the device: through a CUDA graph for decode batches if captured.
         ``tokens`` [T] on the device replace the batch's token ids (a Feed)."""
-        if batch.num_tokens == batch.num_seqs and self.compile and not self._announced_compile:
-            self._announce_compile()
-            with progress.task("torch.compile: first decode step"):  # a spinner: one long call
-                return self._graph_or_step(batch, kv_cache, tokens)
-        return self._graph_or_step(batch, kv_cache, tokens)
+        with triton_env.dependent_launch(self.pdl):
+            if batch.num_tokens == batch.num_seqs and self.compile and not self._announced_compile:
+                self._announce_compile()
+                with progress.task("torch.compile: first decode step"):  # a spinner: one long call
+                    return self._graph_or_step(batch, kv_cache, tokens)
+            return self._graph_or_step(batch, kv_cache, tokens)
 
     def _graph_or_step(self, batch: Batch, kv_cache: TorchKVCache, tokens: Tensor | None = None) -> Tensor:
         # Not through _device_logits again: a subclass (a tensor-parallel shard) wraps that one,
@@ -803,10 +821,13 @@ def _triton_max_splits() -> int:
 
 
 def _triton_decode_attention() -> Callable[..., Tensor] | None:
-    """The Triton paged-decode kernel, or None where Triton is not installed."""
+    """The Triton paged-decode kernel, or None where Triton is not installed or too old for it
+    (an ImportError from tinyinfer's own modules is an error, not the slower path)."""
     try:
         from tinyinfer.runners import torch_triton
-    except ImportError:
+    except ImportError as missing:
+        if not (missing.name or "").startswith("triton"):
+            raise
         return None
     return torch_triton.paged_decode_attention
 

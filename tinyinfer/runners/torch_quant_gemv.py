@@ -41,7 +41,6 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tinyinfer.runners.quant_words import CODE_MASK, PER_WORD
@@ -56,15 +55,16 @@ from tinyinfer.runners.torch_quant_kernel import (
     with_split,
     word_tile,
 )
-from tinyinfer.runners.torch_triton import uses_pdl
 from tinyinfer.runners.triton_common import (
     check_prologue,
     epilogue,
     load,
+    release_next,
     split_buffers,
     trip_count,
+    wait_for_previous,
 )
-from tinyinfer.runners.triton_env import INTERPRETED
+from tinyinfer.runners.triton_env import INTERPRETED, launches_dependent
 
 BLOCK_N = 16  # weight rows a program reads: each thread holds four, so an input it loads serves four
 
@@ -222,8 +222,7 @@ def _fused_quant_kernel(
     words, words_u, scale, shift, scale_u, shift_u = _tiles(
         words_ptr, scales_ptr, offsets_ptr, row_at, up_at, n, n_ok, N, first, g, kw, k_ok, num_groups, BLOCK_N,
         BLOCK_K, GROUPS_PER_BLOCK, SPAN_WORDS, GROUP, BASE, ZERO, HAS_OFFSETS, GATED, EVEN, TMA)
-    if PDL:
-        gdc_wait()
+    wait_for_previous(PDL)
     if PAIRS:  # the rows read and written as 32-bit words, two inputs each
         width = K // 2
         x_row = x_ptr.to(tl.pointer_type(tl.int32)) + m * width
@@ -260,8 +259,7 @@ def _fused_quant_kernel(
             acc, acc_u, acc_shift, acc_shift_u, squares, words, words_u, scale, shift, scale_u, shift_u, x_row,
             res_row, sum_row, norm_row, base, place, k_ok, writer, code_mask, dtype, BITS, GROUP_WORDS, NORM,
             ADD_RES, GATED, EVEN, PAIRS)
-    if PDL:  # the next kernel may launch now: its first words load under this tail
-        gdc_launch_dependents()
+    release_next(PDL)  # the next kernel may launch now: its first words load under this tail
     gate = tl.sum(tl.sum(acc, axis=2), axis=1) + tl.sum(acc_shift, axis=1)
     up = gate
     if GATED:
@@ -316,7 +314,7 @@ def fused_gemv(x: Tensor, weight: KernelWeight, bias: Tensor | None = None, *, n
     words: Tensor | TensorDescriptor = weight.words
     if config.tma:  # [BLOCK_N, BLOCK_WORDS] tiles of the words, loaded by the copy engine
         words = TensorDescriptor.from_tensor(weight.words, [config.block_n, config.block_k // PER_WORD[bits]])
-    pdl = uses_pdl(x.device)
+    pdl = launches_dependent(x.device)
     unused = out
     _fused_quant_kernel[grid](
         x, unused if residual is None else residual, unused if sum_out is None else sum_out,

@@ -18,9 +18,9 @@ At batch 1 there are only (KV heads) programs, each walking the whole context on
 after another; splitting the context across programs (flash-decoding) keeps the GPU busy,
 and a second small kernel merges the splits' partial softmaxes.
 
-On cards with programmatic dependent launch (compute capability 9.0+) the kernels are launched
-so that their programs may start while the previous kernel's finish; they wait for its results
-(``gdc_wait``) before reading anything (``torch_triton_gemv`` explains the gain).
+With programmatic dependent launch (``triton_common``; compute capability 9.0+) the kernels are
+launched so that their programs may start while the previous kernel's finish; they wait for its
+results (``gdc_wait``) before reading anything (``torch_triton_gemv`` explains the gain).
 
 Scores and weighted sums run on the matrix units (``tl.dot``): the query heads that share a
 KV head form the rows, padded to 16. Each head is handled as its two RoPE halves, so only the
@@ -42,9 +42,9 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tinyinfer.runners.triton_env import INTERPRETED
+from tinyinfer.runners.triton_common import release_next, wait_for_previous
+from tinyinfer.runners.triton_env import launches_dependent
 
 KEY_TILE_ELEMENTS = 4096  # keys x half head dim loaded per step, per K/V half (twice that in int8)
 MAX_SPLITS = 16
@@ -55,20 +55,6 @@ INT8_PIPELINE_STAGES = 5
 # 1.5 * 2**23: (x + ROUNDING) - ROUNDING rounds a float32 |x| < 2**22 to an integer, half to even
 # (as NumPy and torch round), in the interpreter too, which has no libdevice rint.
 ROUNDING = tl.constexpr(12582912.0)
-_pdl: dict[torch.device, bool] = {}
-
-
-def uses_pdl(device: torch.device) -> bool:
-    """Programmatic dependent launch (a kernel's programs start while the previous kernel's
-    finish, and wait for its results with ``gdc_wait``): CUDA cards of compute capability 9.0
-    or later, not under Triton's CPU interpreter. Worth it only after kernels that let the next
-    one launch at their end (``torch_triton_gemv``'s): after cuBLAS products, whose kernels let
-    it launch early, the attention kernel's waiting programs slowed the step (1B shape, H100:
-    1.37 against 1.32 ms)."""
-    if device not in _pdl:
-        _pdl[device] = (not INTERPRETED and device.type == "cuda"
-                        and torch.cuda.get_device_capability(device) >= (9, 0))
-    return _pdl[device]
 
 
 @triton.jit
@@ -157,8 +143,7 @@ def _store_kv_kernel(
     KV_INT8: tl.constexpr, PDL: tl.constexpr,
 ):
     """Rotate and store every query row's new K/V (before several rows of a sequence attend)."""
-    if PDL:
-        gdc_wait()
+    wait_for_previous(PDL)
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     _, _, k1, k2, v1, v2 = _new_token(
@@ -212,8 +197,7 @@ def _paged_decode_kernel(
     Q_LEN: tl.constexpr, STORE_KV: tl.constexpr, KV_INT8: tl.constexpr, NUM_STAGES: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # everything below reads the previous kernel's q|k|v
-        gdc_wait()
+    wait_for_previous(PDL)  # everything below reads the previous kernel's q|k|v
     row = tl.program_id(0)  # one query row: token row % Q_LEN of sequence row // Q_LEN
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -268,8 +252,7 @@ def _paged_decode_kernel(
             page * PAGE_SIZE + n % PAGE_SIZE, n_ok, n_ok[None, :], kv_head, d, d_ok, scale, dtype,
             NUM_KV_HEADS, HALF, KV_INT8)
 
-    if PDL:  # the next kernel may launch: it waits for this one's results before reading them
-        gdc_launch_dependents()
+    release_next(PDL)  # the next kernel may launch: it waits for this one's results before reading them
     if NUM_SPLITS == 1:
         out_at = out_ptr + row * NUM_HEADS * head_dim + heads[:, None] * head_dim + d[None, :]
         out_dtype = out_ptr.dtype.element_ty
@@ -289,8 +272,7 @@ def _paged_decode_kernel(
 def _merge_splits_kernel(out_ptr, part_acc_ptr, part_ml_ptr, NUM_SPLITS: tl.constexpr,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, PDL: tl.constexpr):
     """out[b, h] = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s, over the splits s."""
-    if PDL:
-        gdc_wait()
+    wait_for_previous(PDL)
     row = tl.program_id(0)  # b * H + h
     s = tl.arange(0, NUM_SPLITS)
     d = tl.arange(0, HEAD_DIM_P)
@@ -341,7 +323,7 @@ def store_kv(qkv: Tensor, positions: Tensor, slots: Tensor, k_cache: Tensor, v_c
     shape = kernel_shape(num_heads, k_cache, cos_table, k_scale, v_scale)
     cos, sin = (cos_table, sin_table) if shape["ROPE"] else (qkv, qkv)
     scales = (k_scale, v_scale) if shape["KV_INT8"] else (k_cache, v_cache)  # unread without int8
-    pdl = pdl and uses_pdl(qkv.device)
+    pdl = pdl and launches_dependent(qkv.device)
     _store_kv_kernel[(qkv.shape[0], k_cache.shape[2])](
         qkv, k_cache, v_cache, *scales, cos, sin, positions, slots, qkv.stride(0), **shape,
         PDL=pdl, num_warps=1, launch_pdl=pdl)
@@ -359,7 +341,9 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
     (int8 K/V: int8 caches and their float16 scales [P, S, Hkv], contiguous). -> [B q, H hd].
     num_splits (a power of two) splits each context across programs; None picks by GPU size
     and B alone, so a row's arithmetic is the same whatever q is. pdl: launch with programmatic
-    dependent launch where the card has it (``uses_pdl``: after the fused products only).
+    dependent launch inside ``triton_env.dependent_launch(True)`` where the card has it (the
+    runner asks for it after its own products only: after cuBLAS's, whose kernels let the next
+    one launch early, the attention's waiting programs slowed the step).
     """
     rows, batch = qkv.shape[0], page_tables.shape[0]
     q_len = rows // batch
@@ -380,7 +364,7 @@ def paged_decode_attention(qkv: Tensor, positions: Tensor, slots: Tensor, page_t
                           device=qkv.device)
     cos, sin = (cos_table, sin_table) if shape["ROPE"] else (qkv, qkv)
     scales = (k_scale, v_scale) if shape["KV_INT8"] else (k_cache, v_cache)  # unread without int8 K/V
-    pdl = pdl and uses_pdl(qkv.device)
+    pdl = pdl and launches_dependent(qkv.device)
     if q_len > 1:
         store_kv(qkv, positions, slots, k_cache, v_cache, cos_table, sin_table, num_heads,
                  k_scale, v_scale, pdl)

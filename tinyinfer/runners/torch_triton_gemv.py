@@ -20,11 +20,12 @@ compiled (sums and norms in float32, each product's output rounded to the comput
 it is used; silu(gate) * up rounded once, as inductor fuses it, where eager torch rounds
 silu(gate) first), so the runner swaps one set for the other.
 
-On cards with programmatic dependent launch (compute capability 9.0+) every kernel here, and the
-decode attention kernels between them, are launched so that a kernel's programs start as the
-previous kernel's finish: a product loads its first tile of weights, which no earlier kernel writes,
-before it waits for the previous kernel's results (``gdc_wait``), so the launch gap and the
-ramp-up of the weight stream overlap the previous kernel's tail.
+With programmatic dependent launch (the runner's ``pdl`` option, on by default on cards of
+compute capability 9.0+; ``triton_common``) every kernel here, and the decode attention kernels
+between them, are launched so that a kernel's programs start as the previous kernel's finish: a
+product loads its first tile of weights, which no earlier kernel writes, before it waits for the
+previous kernel's results (``gdc_wait``), so the launch gap and the ramp-up of the weight stream
+overlap the previous kernel's tail (an H100: the 1B step 1.134 -> 1.072 ms, the 8B 5.705 -> 5.590).
 
 Tiles (``pick_config``). A one-row product is a stream of weights with almost no arithmetic, so
 what bounds it is the bytes in flight: HBM answers a load ~1 us after it is issued, and a
@@ -56,20 +57,20 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tinyinfer.runners.torch_layers import KernelWeight
 from tinyinfer.runners.torch_quant_gemv import fused_gemv
-from tinyinfer.runners.torch_triton import uses_pdl
 from tinyinfer.runners.triton_common import (
     check_prologue,
     epilogue,
     load,
+    release_next,
     split_buffers,
     trip_count,
+    wait_for_previous,
     weight_tiles,
 )
-from tinyinfer.runners.triton_env import INTERPRETED, runs_kernels
+from tinyinfer.runners.triton_env import INTERPRETED, launches_dependent, runs_kernels
 
 
 class Config(NamedTuple):
@@ -128,8 +129,7 @@ def _gemv_kernel(
     w, u = weight_tiles(rows, up_rows, first, n_ok, K, EVEN, GATED)
     if AHEAD == 2:
         w1, u1 = weight_tiles(rows, up_rows, first + BLOCK_K, n_ok, K, EVEN, GATED)
-    if PDL:
-        gdc_wait()
+    wait_for_previous(PDL)
     x_row = x_ptr + m * K
     res_row = res_ptr + m * K
     rstd = 0.0
@@ -165,8 +165,7 @@ def _gemv_kernel(
     if AHEAD == 2:
         acc, acc_u = _accumulate(w1, u1, last + BLOCK_K, acc, acc_u, x_row, res_row, norm_ptr, rstd,
                                  K, dtype, NORM, ADD_RES, GATED, EVEN)
-    if PDL:  # the next kernel may launch now: its first tiles of weights load under this tail
-        gdc_launch_dependents()
+    release_next(PDL)  # the next kernel may launch now: its first tiles of weights load under this tail
     gate = tl.sum(acc, 1)
     up = gate
     if GATED:
@@ -220,7 +219,7 @@ def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *
     steps = triton.cdiv(blocks, config.split_k)
     if config.ahead not in (1, 2):
         raise ValueError(f"ahead is 1 or 2 tiles, not {config.ahead}")
-    pdl = uses_pdl(x.device)
+    pdl = launches_dependent(x.device)
     unused = out
     _gemv_kernel[grid](
         x, unused if residual is None else residual, unused if sum_out is None else sum_out,

@@ -48,19 +48,19 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tinyinfer.runners import torch_triton_gemv as gemv_kernels
-from tinyinfer.runners.torch_triton import uses_pdl
 from tinyinfer.runners.triton_common import (
     check_prologue,
     epilogue,
     load,
+    release_next,
     split_buffers,
     trip_count,
+    wait_for_previous,
     weight_tiles,
 )
-from tinyinfer.runners.triton_env import INTERPRETED
+from tinyinfer.runners.triton_env import INTERPRETED, launches_dependent
 
 ROWS = 16  # rows a program multiplies: tl.dot's smallest dimension
 
@@ -129,8 +129,7 @@ def _rows_kernel(
     # The first tile of weights, which no earlier kernel writes, before waiting for that kernel.
     k = first + kk
     w, u = weight_tiles(rows, up_rows, k, n_ok, K, EVEN, GATED)
-    if PDL:
-        gdc_wait()
+    wait_for_previous(PDL)
     acc = tl.zeros([BLOCK_N, 16], tl.float32)
     acc_u = tl.zeros([BLOCK_N, 16], tl.float32)
     squares = tl.zeros([16], tl.float32)
@@ -159,8 +158,7 @@ def _rows_kernel(
             acc, acc_u, squares = _accumulate(w, u, k, acc, acc_u, squares, r, r_ok, x_cols,
                                               res_cols, norm_ptr, sum_ptr, K, writer, dtype,
                                               NORM, ADD_RES, GATED, EVEN)
-    if PDL:  # the next kernel may launch now: its first tile of weights loads under this tail
-        gdc_launch_dependents()
+    release_next(PDL)  # the next kernel may launch now: its first tile of weights loads under this tail
     if NORM:
         rstd = tl.rsqrt(squares / K + eps)[None, :]  # [1, 16]
         acc = acc * rstd
@@ -204,7 +202,7 @@ def rows_product(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, norm:
                                       grid[0] * grid[2], out)
     blocks = triton.cdiv(k, config.block_k)
     steps = triton.cdiv(blocks, config.split_k)
-    pdl = uses_pdl(x.device)
+    pdl = launches_dependent(x.device)
     unused = out
     _rows_kernel[grid](
         x, unused if residual is None else residual, unused if sum_out is None else sum_out,

@@ -1,7 +1,23 @@
-"""Pieces the Triton matrix-product kernels share (``torch_triton_gemv``, ``torch_quant_kernel``,
-``torch_quant_gemv``): loop trip counts, masked loads, the split-K tile
-counters, and the fused products' epilogue (bias, silu(gate) * up, residual add, split-K
-reduction)."""
+"""Pieces the Triton kernels share (``torch_triton_gemv``, ``torch_triton_rows``,
+``torch_quant_kernel``, ``torch_quant_gemv``, the decode attention of ``torch_triton``):
+programmatic dependent launch, loop trip counts, masked loads, the split-K tile counters, and
+the fused products' epilogue (bias, silu(gate) * up, residual add, split-K reduction).
+
+Programmatic dependent launch (compute capability 9.0 on): a kernel launched with
+``launch_pdl=True`` may start while the kernel before it on the stream is still running, once
+every program of that one has called ``gdc_launch_dependents`` (or ended). It must call
+``gdc_wait`` -- which returns when the previous kernel has finished and its writes are visible
+-- before it reads anything an earlier kernel wrote or writes anything one reads; what no
+kernel writes (the weights) it may load before. A kernel that waits finishes only after the one
+before it, so the waits chain back through the step. Launchers ask
+``triton_env.launches_dependent`` (inside the runner's ``dependent_launch(pdl)``, on a card that
+has it) and pass the answer as the kernel's PDL constexpr and as ``launch_pdl``; CUDA graphs keep
+the launches' programmatic edges when they capture them. The fused decode products and the
+attention between them use it; torch's own kernels (cuBLAS, copies, collectives), Inductor's and
+the unfused int8 / int4 products (``torch_quant_kernel``) launch without it, so the next kernel
+simply follows them (docs/fast-path.md says why: no faster there, and Inductor's own PDL, on
+torch 2.11, changed the logits).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +25,26 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 MAX_TILES = 4096  # output tiles a split-K launch may count (the size of its counter buffer)
+
+
+@triton.jit
+def wait_for_previous(PDL: tl.constexpr):
+    """Wait until the previous kernel has finished and its writes are visible (``gdc_wait``):
+    before reading anything an earlier kernel wrote or writing anything one reads. Nothing
+    without PDL (a plain launch already follows the previous kernel)."""
+    if PDL:
+        gdc_wait()
+
+
+@triton.jit
+def release_next(PDL: tl.constexpr):
+    """Let the next kernel launch (``gdc_launch_dependents``): its programs start as this one's
+    finish, and it waits for this one's results before using them. Nothing without PDL."""
+    if PDL:
+        gdc_launch_dependents()
 
 
 @triton.jit

@@ -231,8 +231,9 @@ def _graph_us(fn: Callable[[], Any], reps: int) -> float:
 
 def _all_reduce_rank(rank: int, world: int, port: int, results: Any, sizes: tuple[int, ...]) -> None:
     """Time one bf16 all-reduce per message size: NCCL eager and in a CUDA graph; torch's
-    symmetric-memory one-shot and two-shot in a graph (checked against NCCL's sum); and each
-    after a matrix product, as between a model's layers."""
+    symmetric-memory one-shot and two-shot, and the push all-reduce (messages up to its limit),
+    in a graph (checked against NCCL's sum); and each after a matrix product, as between a
+    model's layers."""
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             device_id=torch.device("cuda", rank))
@@ -242,10 +243,7 @@ def _all_reduce_rank(rank: int, world: int, port: int, results: Any, sizes: tupl
     rows = []
     from tinyinfer.runners.tp.push_all_reduce import PUSH_MAX_BYTES, PushAllReduce
 
-    pusher = PushAllReduce.in_symmetric_memory(group, rank, world, torch.bfloat16, torch.device("cuda", rank))
-
-    def push(x: torch.Tensor, out: torch.Tensor) -> None:
-        pusher(x, out)
+    push = PushAllReduce.in_symmetric_memory(group, rank, world, torch.bfloat16, torch.device("cuda", rank))
 
     def one_shot(x: torch.Tensor, out: torch.Tensor) -> None:
         view = buffers[turn[0]][:x.numel()].view(x.shape)
@@ -303,7 +301,7 @@ def _all_reduce_rank(rank: int, world: int, port: int, results: Any, sizes: tupl
                      "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}})
     dist.barrier()
     buffers.clear()
-    del pusher
+    del push
     dist.destroy_process_group()
 
 

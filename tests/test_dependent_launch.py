@@ -95,10 +95,8 @@ def launches():
     total = torch.empty_like(x)
     return [G.gemv(x, w, norm=norm, residual=r, sum_out=total, eps=1e-5), total, G.gemv(x, w[:48], gated=True),
             G.gemv(xq, kw, norm=1 + 0.1 * xq[0], eps=1e-5), attention, k_cache]
-plain = launches()
-with triton_env.dependent_launch(True):
+with triton_env.dependent_launch(True):  # the interpreter has no gdc_wait: the kernels must not ask
     assert not triton_env.launches_dependent(torch.device("cpu"))
-    dependent = launches()
-assert all(torch.equal(a, b) for a, b in zip(plain, dependent))
+    launches()
 print("ok")
 """)

@@ -627,11 +627,22 @@ def test_torchrun_with_another_process_count_is_refused_on_every_rank():
     assert _still_running(mark) == []
 
 
-def test_all_reduce_choices_and_their_refusals():
+def test_all_reduce_choices_and_their_refusals(monkeypatch):
+    from tinyinfer.runners import triton_env
     from tinyinfer.runners.tp.shard import pick_all_reduce
 
     assert pick_all_reduce("auto", "cpu", [0, 1]) == "nccl"  # gloo's all-reduce on CPU
     assert pick_all_reduce("auto", "cuda", None) == "nccl"  # ranks on several hosts
+    # GPUs of one host that read each other's memory (told so: this machine has none)
+    monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda a, b: True)
+    for triton, choice in ((True, "push"), (False, "symm_mem")):  # push is a Triton kernel
+        monkeypatch.setattr(triton_env, "installed", lambda triton=triton: triton)
+        assert pick_all_reduce("auto", "cuda", [0, 1]) == choice
+    with pytest.raises(TinyInferError, match="push' is a Triton kernel"):
+        pick_all_reduce("push", "cuda", [0, 1])
+    monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda a, b: (a, b) != (1, 0))
+    assert pick_all_reduce("auto", "cuda", [0, 1]) == "nccl"
+    monkeypatch.undo()
     for kind in ("symm_mem", "push"):
         with pytest.raises(TinyInferError, match="needs CUDA"):
             tinyinfer.load("bundled", runner="torch", tensor_parallel=2, device="cpu", all_reduce=kind)

@@ -282,11 +282,11 @@ class Engine:
             guesses = drafts.result()
             t2 = time.perf_counter()
             (steps, freed, t3), device_s = self._full_step(out.chunks, guesses), None
-        if drafts.lengths:
+        if drafts.drafted:
             self.spec_stats.draft_seconds += t2 - t1
             self.spec_stats.verify_seconds += t3 - t2
         trace = self._finish_step(out, steps, freed, t0, t1, t2, t3, device_s)
-        if drafts.lengths:
+        if drafts.drafted:
             self.spec_stats.step_seconds += time.perf_counter() - t0
         return trace
 
@@ -724,8 +724,8 @@ class Engine:
 
 @dataclass
 class LaunchedDrafts:
-    """A step's guesses once the drafter has them under way: how many each drafted sequence
-    has (``lengths``, known before the guesses are), and the guesses by ``result()``.
+    """A step's guesses once the drafter has them under way (``drafted``: whether any
+    sequence has some), and the guesses by ``result()``.
 
     Guesses the host knows (prompt lookup, sampled drafts, a drafter's ``fixed_guesses``) are in
     ``host``. Greedy guesses of a draft model are its rounds' argmaxes, still on the device
@@ -734,7 +734,6 @@ class LaunchedDrafts:
     ``result()`` waits for the rounds (also when the host knew the guesses: the step's draft
     time is the rounds')."""
 
-    lengths: dict[int, int]  # seq_id -> guesses
     host: dict[int, Draft]  # seq_id -> guesses known on the host
     source: TokensFuture | None = None  # the draft model's greedy rounds
     rows: dict[int, np.ndarray] = field(default_factory=dict)  # seq_id -> its guesses' rows of source.argmax
@@ -742,7 +741,12 @@ class LaunchedDrafts:
 
     @classmethod
     def known(cls, drafts: dict[int, Draft]) -> LaunchedDrafts:
-        return cls({s: len(d.tokens) for s, d in drafts.items()}, drafts)
+        return cls(drafts)
+
+    @property
+    def drafted(self) -> bool:
+        """Whether any sequence of the step has guesses."""
+        return bool(self.host or self.rows)
 
     def result(self) -> dict[int, Draft]:
         """Every drafted sequence's guesses on the host (waits for the rounds, if any)."""
@@ -849,13 +853,12 @@ class DraftRun:
                 positions[r, row] = position
                 slots[r, row] = self.pool.slot(seqs[i].seq_id, position)
         future = self.runner.launch_rounds(batch, self.kv_cache, Rounds(positions, slots))
-        lengths = {seqs[i].seq_id: ks[i] for i in active}
         fixed = self.drafter.fixed_guesses([seqs[i] for i in active], [ks[i] for i in active])  # while they run
         if fixed is not None:
             host = {seqs[i].seq_id: Draft(tuple(own)) for i, own in zip(active, fixed)}
-            return LaunchedDrafts(lengths, host, future)
+            return LaunchedDrafts(host, future)
         rows = {seqs[i].seq_id: row * rounds + np.arange(ks[i]) for row, i in enumerate(active)}
-        return LaunchedDrafts(lengths, {}, future, rows)
+        return LaunchedDrafts({}, future, rows)
 
     def _advance(self, seq: Sequence) -> int:
         """One more of the sequence's tokens goes to the draft: the position it takes."""

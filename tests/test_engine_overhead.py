@@ -3,11 +3,14 @@
 At batch 256 a GPU decode step of an 8B model takes ~15–30 ms; everything the engine does on
 the host around it (scheduling, packing the batch, choosing tokens, page bookkeeping, the
 trace) adds to that serially. This measures exactly that part: a runner that returns its
-answers without computing anything, so only engine code is timed.
+answers without computing anything, so only engine code is timed. Likewise a speculative
+step at batch 1 (draft rounds, verification, acceptance), the host's turn between the GPU's
+verification and the next draft rounds.
 
     python -m pytest tests/test_engine_overhead.py --benchmark-only
 
-Skipped in normal runs (`--benchmark-skip` in pyproject.toml); results in docs/benchmarks.md.
+The benchmarks are skipped in normal runs (`--benchmark-skip` in pyproject.toml; results in
+docs/benchmarks.md); the test that their runner keeps the runner contract is not.
 """
 
 from __future__ import annotations
@@ -18,7 +21,19 @@ import pytest
 import tinyinfer
 from tinyinfer.config import ModelConfig, load_config
 from tinyinfer.model import BUNDLED, Model
-from tinyinfer.runners.runner import Batch, RunnerInfo, TopLogits
+from tinyinfer.runners.runner import (
+    Batch,
+    Feed,
+    ModelRunner,
+    Rounds,
+    RunnerInfo,
+    TokensFuture,
+    TopFuture,
+    TopLogits,
+    fed_batch,
+    launch_rounds_stepwise,
+)
+from tinyinfer.speculative import DraftModelDrafter
 from tinyinfer.tokenizer import load_tokenizer
 
 
@@ -52,12 +67,54 @@ class InstantRunner:
         return TopLogits(np.tile(np.arange(k), (rows, 1)), np.zeros((rows, k), np.float32),
                          np.zeros(rows, np.float32))
 
+    def launch_top(self, batch: Batch, kv_cache: None, k: int, feed: Feed | None = None) -> TopFuture:
+        return TopFuture.done(self.forward_top(fed_batch(batch, feed), kv_cache, k))
+
+    def launch_rounds(self, batch: Batch, kv_cache: None, rounds: Rounds) -> TokensFuture:
+        return launch_rounds_stepwise(self, batch, kv_cache, rounds)
+
+    def close(self) -> None:
+        pass
+
+
+def instant_model() -> Model:
+    config = load_config(BUNDLED["bundled"])
+    return Model(config=config, runner=InstantRunner(config), path=BUNDLED["bundled"], name="instant",
+                 tokenizer=load_tokenizer(BUNDLED["bundled"]))
+
+
+def speculative_engine() -> tinyinfer.Engine:
+    """Batch 1, a draft model guessing 4 tokens a step: every guess kept (both runners answer
+    token 0), so each step also runs the draft's two-row catch-up."""
+    engine = tinyinfer.Engine(instant_model(), drafter=DraftModelDrafter(instant_model()), num_draft=4,
+                              detail="none")
+    engine.add_request(list(range(1, 129)), tinyinfer.SamplingParams(temperature=0, max_tokens=800,
+                                                                      ignore_eos=True))
+    engine.step()  # the prompt
+    return engine
+
+
+def test_the_instant_runner_keeps_the_runner_contract():
+    """Not a benchmark (runs in CI): the benchmarks' runner answers everything the engine asks, so
+    they keep measuring the engine when the contract grows (a runner without launch_top once left
+    them failing where nobody ran them)."""
+    model = instant_model()
+    assert isinstance(model.runner, ModelRunner)
+    engine = tinyinfer.Engine(model, detail="none")
+    engine.add_request([1, 2, 3], tinyinfer.SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    kinds = []
+    while engine.has_unfinished():
+        kinds += [s.kind for s in engine.step().seqs]
+    assert kinds == ["prefill", "decode", "decode"]
+    spec = speculative_engine()
+    trace = spec.step()
+    assert [s.kind for s in trace.seqs] == ["decode"] and spec.spec_stats.mean_accepted == 4
+
 
 @pytest.mark.parametrize("batch", [16, 256])
 def test_decode_step_host_time(benchmark, batch):
     config = load_config(BUNDLED["bundled"])
-    model = Model(config=config, runner=InstantRunner(config),
-                  path=BUNDLED["bundled"], name="instant", tokenizer=load_tokenizer(BUNDLED["bundled"]))
+    model = instant_model()
     engine = tinyinfer.Engine(model, max_num_seqs=batch, max_num_batched_tokens=8192,
                               num_pages=batch * 60, detail="none")
     rng = np.random.default_rng(0)
@@ -68,3 +125,13 @@ def test_decode_step_host_time(benchmark, batch):
         pass
     trace = benchmark.pedantic(engine.step, rounds=100, warmup_rounds=5)
     assert len(trace.seqs) == batch and all(s.kind == "decode" for s in trace.seqs)
+
+
+def test_speculative_step_host_time(benchmark):
+    """One speculative step at batch 1, k = 4 (draft rounds, verification, acceptance, the trace
+    at detail "none"): the engine's host time in a cycle, beside the GPU's draft and verification."""
+    engine = speculative_engine()
+    for _ in range(5):
+        engine.step()
+    trace = benchmark.pedantic(engine.step, rounds=100, warmup_rounds=5)
+    assert [s.kind for s in trace.seqs] == ["decode"]

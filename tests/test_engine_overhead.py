@@ -113,14 +113,13 @@ def test_the_instant_runner_keeps_the_runner_contract():
 
 @pytest.mark.parametrize("batch", [16, 256])
 def test_decode_step_host_time(benchmark, batch):
-    config = load_config(BUNDLED["bundled"])
     model = instant_model()
     engine = tinyinfer.Engine(model, max_num_seqs=batch, max_num_batched_tokens=8192,
                               num_pages=batch * 60, detail="none")
     rng = np.random.default_rng(0)
     params = tinyinfer.SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
     for _ in range(batch):
-        engine.add_request(rng.integers(0, config.vocab_size, 500).tolist(), params)
+        engine.add_request(rng.integers(0, model.config.vocab_size, 500).tolist(), params)
     while any(s.kind == "prefill" for s in engine.step().seqs):
         pass
     trace = benchmark.pedantic(engine.step, rounds=100, warmup_rounds=5)

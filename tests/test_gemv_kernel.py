@@ -19,9 +19,9 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 
 @needs_triton
 def test_fused_layer_functions_match_torch_layers_in_interpreter():
-    """float32, sizes that fill no tile evenly, 1 and 3 rows, with and without biases, one split
-    and several, one tile in flight and two: the same outputs as torch_layers (the residual sums
-    bit for bit)."""
+    """float32, sizes that fill no tile evenly, 1, 2 (the few-row program, for tiles without a
+    split) and 3 rows, with and without biases, one split and several, one tile in flight and
+    two: the same outputs as torch_layers (the residual sums bit for bit)."""
     code = """
 import torch
 from tinyinfer.runners import torch_layers as L
@@ -29,7 +29,7 @@ from tinyinfer.runners import torch_triton_gemv as G
 torch.manual_seed(0)
 def close(a, b):
     return float((a - b).norm() / b.norm()) < 1e-6
-for rows, bias in ((1, False), (3, True)):
+for rows, bias in ((1, False), (2, True), (3, True)):
     for config in (None, G.Config(16, 64, 2), G.Config(8, 32, 4), G.Config(8, 32, 2, ahead=2),
                    G.Config(4, 16, 1, 8, ahead=2)):
         d, f, qkv_out, vocab = 96, 160, 144, 200
@@ -62,12 +62,14 @@ print('ok')
 def same_logits_on_every_step(make_runners: str) -> str:
     """Interpreted code: ``make_runners`` builds ``runners`` (the torch path, then the fused
     products); both run the same steps (two prompts prefilled, three one-row decode steps of
-    the first, then a two-row step through the row kernel), and every step's float32 logits of
+    the first, a two-row step through the few-row program, then a three-row verification of the
+    first through the row kernel), and every step's float32 logits of
     the second match the first's within 1e-5 relative."""
     a, b = [0, 1, 2, 3], [4, 5, 6, 7]
     steps = [[([5, 9, 2, 11, 3, 8], 0, a, False), ([4, 4, 1], 0, b, False)]]
     steps += [[([7 + i], 6 + i, a, False)] for i in range(3)]
     steps += [[([30], 9, a, False), ([31], 3, b, False)]]
+    steps += [[([32, 33, 34], 10, a, True)]]
     return (
         "import numpy as np\n"
         "from tinyinfer.runners.runner import make_batch\n"
@@ -85,7 +87,7 @@ def same_logits_on_every_step(make_runners: str) -> str:
 def test_runner_decodes_through_the_fused_products_as_through_torch(name, oracle_model):
     """Prefill, then batch-1 decode steps: with decode_products="triton" (which the CPU takes
     under Triton's interpreter), the same float32 logits as the torch path; a batch of two rows
-    runs the row kernel (test_rows_kernel.py)."""
+    runs the few-row program, a verification of three the row kernel."""
     folder, _ = oracle_model(name)
     run_interpreted(same_logits_on_every_step(
         "import tinyinfer\n"
@@ -205,7 +207,8 @@ print('ok')
 def test_shard_decodes_through_the_fused_products_as_through_torch():
     """A shard's own layer loop (one rank, so no collectives to stand in for): prefill, then
     batch-1 decode steps through the fused products give the torch path's float32 logits; a
-    batch of two rows through the row kernel, the same."""
+    batch of two rows through the few-row program and a three-row verification through the row
+    kernel, the same."""
     run_interpreted(same_logits_on_every_step(
         "from tinyinfer.config import load_config\n"
         "from tinyinfer.model import BUNDLED\n"

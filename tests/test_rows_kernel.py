@@ -194,11 +194,11 @@ def test_batch_invariant_flag_errors_in_one_line(extra, message):
 @needs_triton
 def test_each_step_takes_the_layer_functions_its_rows_call_for(oracle_model):
     """TorchRunner._layer_fns with decode_products="triton" (under Triton's CPU interpreter):
-    one decode row the matrix-vector kernels, 2..16 rows the row kernel, more the compiled
-    functions, prefill chunks (with any decode rows beside them) eager; with batch_invariant
-    every step the row kernel, whatever its rows, prefill chunks too. Quantized weights have no
-    row kernel: their steps of 2..16 rows run the compiled functions, and batch_invariant is
-    refused for them."""
+    one decode row the matrix-vector kernels, two their few-row program, 3..16 rows the row
+    kernel, more the compiled functions, prefill chunks (with any decode rows beside them) eager;
+    with batch_invariant every step the row kernel, whatever its rows, prefill chunks too.
+    Quantized weights have neither the few-row program nor the row kernel: their steps of 2..16
+    rows run the compiled functions, and batch_invariant is refused for them."""
     folder, _ = oracle_model("llama-gqa-untied")
     code = f"""
 import tinyinfer
@@ -218,13 +218,16 @@ def fns(runner, entries):
 mixed = [([5, 9, 2, 11, 3, 8], 0, [0, 1], False), ([4], 6, [2, 3], False)]
 runner = load()
 assert fns(runner, decoding(1)) is runner._fused["gemv"]
+assert fns(runner, decoding(2)) is runner._fused["few"] and runner.few_rows == 2
+assert fns(runner, decoding(1, tokens=2)) is runner._fused["few"]  # a verification of 1 draft
+assert fns(runner, decoding(3)) is runner._fused["rows"]
 assert fns(runner, decoding(1, tokens=5)) is runner._fused["rows"]  # a verification of 4 drafts
 assert fns(runner, decoding(FUSED_MAX_ROWS)) is runner._fused["rows"]
 assert fns(runner, decoding(FUSED_MAX_ROWS + 1)) is runner._decode_fns
 assert fns(runner, decoding(2, tokens=9)) is runner._decode_fns  # 18 rows
 assert fns(runner, mixed) is runner._eager
 invariant = load(decode_attention="triton", batch_invariant=True)
-for entries in (decoding(1), decoding(FUSED_MAX_ROWS + 1), decoding(2, tokens=9), mixed):
+for entries in (decoding(1), decoding(2), decoding(FUSED_MAX_ROWS + 1), decoding(2, tokens=9), mixed):
     assert fns(invariant, entries) is invariant._fused["rows"]
 quantized = load(quantize="int8", quant_kernel="triton")
 assert fns(quantized, decoding(1)) is quantized._fused["gemv"]

@@ -74,9 +74,11 @@ DECODE_PRODUCTS = ("auto", "triton", "torch")
 # graphs): a verification step of the most draft tokens the engine allows, 16, plus one.
 MAX_DECODE_TOKENS = 17
 # Decode steps of at most this many rows run the fused Triton products (decode_products="triton"):
-# one row the matrix-vector kernels (torch_triton_gemv), 2..FUSED_MAX_ROWS the batch-invariant row
-# kernel (torch_triton_rows), one tile of 16 rows: past it the row kernel reads the weights once
-# per 16 rows and cuBLAS is faster. With batch_invariant every step runs the row kernel.
+# one row the matrix-vector kernels (torch_triton_gemv), two rows of fp16/bf16 weights their
+# few-row program (both rows multiplied by each tile of weights it reads; FEW_ROWS), then up to
+# FUSED_MAX_ROWS the batch-invariant row kernel (torch_triton_rows), one tile of 16 rows: past it
+# the row kernel reads the weights once per 16 rows and cuBLAS is faster. With batch_invariant
+# every step runs the row kernel.
 FUSED_MAX_ROWS = 16
 # The most tokens per sequence of the step before greedy rounds that ``launch_rounds`` runs as one
 # function (and graph): a draft's catch-up of one token, or two (its last guess and the target's
@@ -205,10 +207,15 @@ class TorchRunner:
         # may start as the q|k|v product ends (programmatic dependent launch, where the card has it)
         self._fused_attention = self.decode_attention
         self._fused: dict[str, tuple[Callable[..., Any], ...]] = {}
+        # steps of 2..few_rows rows take the few-row program (torch_triton_gemv.FEW_ROWS; 1: none)
+        self.few_rows = 1
         if self.decode_products == "triton":
+            from tinyinfer.runners.torch_triton_gemv import FEW_ROWS
+
             self._fused = self._fused_layer_fns()
-            if fusable == "quantized":  # the row kernel reads float16/bfloat16 weights only
-                del self._fused["rows"]
+            self.few_rows = FEW_ROWS
+            if fusable == "quantized":  # the row kernel and few-row program read float16/bfloat16 weights only
+                del self._fused["rows"], self._fused["few"]
                 if isinstance(self.w.head, layers.KernelWeight):
                     # a quantized head's product runs faster unfused, after the compiled norm
                     # (an H100: 96.8 against 117.3 us for the 8B int4 head, docs/quantization.md)
@@ -500,29 +507,32 @@ class TorchRunner:
 
     def _fused_layer_fns(self) -> dict[str, tuple[Callable[..., Any], ...]]:
         """The fused Triton layer functions (decode_products="triton"), by kind: "gemv", the
-        matrix-vector kernels for one-row steps; "rows", the batch-invariant row kernel."""
+        matrix-vector kernels for one-row steps; "few", the same functions for 2..FEW_ROWS rows
+        (their few-row program); "rows", the batch-invariant row kernel."""
         from tinyinfer.runners import torch_triton_gemv as gemv
         from tinyinfer.runners import torch_triton_rows as rows
 
-        return {"gemv": (gemv.attention_input, gemv.mlp_block, gemv.final_logits),
+        products = (gemv.attention_input, gemv.mlp_block, gemv.final_logits)
+        return {"gemv": products, "few": products,
                 "rows": (rows.attention_input, rows.mlp_block, rows.final_logits)}
 
     def _layer_fns(self, step: _Step) -> tuple[tuple[Callable[..., Any], ...], Callable[..., Tensor]]:
         """The layer functions a step runs, and its decode attention. Prefill chunks (compute-
         bound, shapes that vary every step) run eager, with the decode rows beside them; decode
         steps (memory-bound, many small kernels) run the compiled functions, or the fused Triton
-        products where they apply: one row the matrix-vector kernel, 2..FUSED_MAX_ROWS rows the
-        batch-invariant row kernel; with batch_invariant, every step the row kernel, prefill
-        chunks too, whatever its rows, so that a row is computed as it is alone (the prefill
-        attention cuts each sequence into its own tiles, and the decode attention then splits
-        every context alike). Quantized weights have no row kernel: their steps of more than one
+        products where they apply: one row the matrix-vector kernel, 2..FEW_ROWS rows its
+        few-row program, up to FUSED_MAX_ROWS the batch-invariant row kernel; with
+        batch_invariant, every step the row kernel, prefill chunks too, whatever its rows, so
+        that a row is computed as it is alone (the prefill attention cuts each sequence into its
+        own tiles, and the decode attention then splits every context alike). Quantized weights
+        have neither the few-row program nor the row kernel: their steps of more than one
         row run the compiled functions."""
         rows = len(step.token_ids)
         if self.batch_invariant:
             return self._fused["rows"], self._fused_attention
         if step.prefills:
             return self._eager, self.decode_attention
-        kind = "gemv" if rows == 1 else "rows"
+        kind = "gemv" if rows == 1 else "few" if rows <= self.few_rows else "rows"
         if kind in self._fused and rows <= FUSED_MAX_ROWS:
             return self._fused[kind], self._fused_attention
         return self._decode_fns, self.decode_attention

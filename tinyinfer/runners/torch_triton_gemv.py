@@ -63,6 +63,7 @@ from tinyinfer.runners.torch_quant_gemv import fused_gemv
 from tinyinfer.runners.triton_common import (
     check_prologue,
     epilogue,
+    finish,
     load,
     release_next,
     split_buffers,
@@ -71,6 +72,18 @@ from tinyinfer.runners.triton_common import (
     weight_tiles,
 )
 from tinyinfer.runners.triton_env import INTERPRETED, launches_dependent, runs_kernels
+
+
+# Steps of up to this many rows run a program per output tile that multiplies every row by the
+# tile it reads (``_few_rows_kernel``); more rows, a program per row and tile (``_gemv_kernel``),
+# though the runner sends 3..16 rows to the row kernel (torch_fast.FUSED_MAX_ROWS). Measured on an
+# H100 (docs/fast-path.md): at 2 rows each product of the 8B shape as fast as at one or faster
+# than the row kernel, 5-14 %; a program of 5 or 8 rows ran up to twice as slow as the row kernel
+# (Triton lays the rows across the warps, so every step passes the tile of weights between them
+# through shared memory), and pairs of rows in programs side by side, each pair reading the
+# tile again, did not find it in L2 often enough (5 rows: 45-856 us a product against 16-354).
+FEW_ROWS = 2
+FEW_ROWS_LANES = 8  # inputs a thread of the few-row program sums in its registers each step (16 bytes of bf16)
 
 
 class Config(NamedTuple):
@@ -175,13 +188,105 @@ def _gemv_kernel(
              SPLIT_K)
 
 
-def pick_config(gated: bool, norm: bool = False) -> Config:
-    """The tiles by the product's kind, whatever its shape: the fastest measured on an H100 at
-    batch 1 over the 1B and 8B shapes and the 8B's TP=2 and TP=4 shards (module docstring).
-    4 outputs a program, so that even a TP=4 shard's 1,536 q|k|v rows make 384 programs;
-    gated products 256 inputs a step (each step reads a gate and an up tile); products with a
-    norm in their prologue 1024 with 8 warps (their programs also hold a row's inputs for the
-    norm); the others 1024 with two tiles in flight. Never split K (slower at every shape)."""
+@triton.jit
+def _few_accumulate(w, u, k, acc, acc_u, x_rows, res_rows, r_ok, norm_ptr, rstd, K, dtype,
+                    NORM: tl.constexpr, ADD_RES: tl.constexpr, GATED: tl.constexpr,
+                    EVEN: tl.constexpr, EVEN_ROWS: tl.constexpr, LANES: tl.constexpr):
+    """``_accumulate`` for the rows ``x_rows`` [R, 1] at once: inputs k [BK] of each row through
+    the prologue (the same roundings), times the weight tiles w (and u) [BN, BK], summed into
+    acc (acc_u) [R, BN, BK] in float32."""
+    ok = r_ok[:, None] & (k < K)[None, :]
+    xk = load(x_rows + k[None, :], ok, EVEN_ROWS).to(tl.float32)  # [R, BK]
+    if NORM:
+        if ADD_RES:
+            xk = (xk + load(res_rows + k[None, :], ok, EVEN_ROWS).to(tl.float32)).to(dtype).to(tl.float32)
+        xk = xk * rstd[:, None] * load(norm_ptr + k, k < K, EVEN).to(tl.float32)[None, :]
+        xk = xk.to(dtype).to(tl.float32)
+    # Each thread sums runs of LANES neighbouring inputs in its registers at once, so the float32
+    # sums kept across steps are LANES times fewer than the products of a step.
+    xs = tl.reshape(xk, [xk.shape[0], 1, xk.shape[1] // LANES, LANES])
+    acc += tl.sum(tl.reshape(w.to(tl.float32), [1, w.shape[0], w.shape[1] // LANES, LANES]) * xs, 3)
+    if GATED:
+        acc_u += tl.sum(tl.reshape(u.to(tl.float32), [1, u.shape[0], u.shape[1] // LANES, LANES]) * xs, 3)
+    return acc, acc_u
+
+
+@triton.jit
+def _few_rows_kernel(
+    x_ptr, res_ptr, sum_ptr, norm_ptr, w_ptr, bias_ptr, add_ptr, out_ptr,
+    M, N, K, steps, eps,
+    NORM: tl.constexpr, ADD_RES: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+    ADD_OUT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    INTERPRETED_STEPS: tl.constexpr, EVEN: tl.constexpr, EVEN_ROWS: tl.constexpr, LANES: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """``_gemv_kernel``'s product for M <= ROWS rows at once: each program reads its tile of
+    weights once and multiplies it by every row (two sequences decoding, the verification of one
+    drafted token), where ``_gemv_kernel`` runs a program per row, each reading the weights again.
+    Programs: N tiles. A norm takes a pass of its own over the rows' inputs first (a program does
+    not hold whole rows at once), the same sums as ``_gemv_kernel``'s; EVEN_ROWS: EVEN, and
+    M == ROWS (no row to mask)."""
+    pid_n = tl.program_id(0)
+    dtype = w_ptr.dtype.element_ty
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    kk = tl.arange(0, BLOCK_K)
+    r = tl.arange(0, ROWS)
+    r_ok = r < M
+    rows = w_ptr + n[:, None] * K  # [BN, 1]
+    up_rows = rows + N * K
+    # the first tile of weights, which no earlier kernel writes, before waiting for that kernel
+    w, u = weight_tiles(rows, up_rows, kk, n_ok, K, EVEN, GATED)
+    wait_for_previous(PDL)
+    x_rows = x_ptr + r[:, None] * K  # [R, 1]
+    res_rows = res_ptr + r[:, None] * K
+    rstd = tl.zeros([ROWS], tl.float32)
+    if NORM:
+        squares = tl.zeros([ROWS, BLOCK_K], tl.float32)
+        for step in range(0, trip_count(steps, INTERPRETED_STEPS)):
+            k = step * BLOCK_K + kk
+            ok = r_ok[:, None] & (k < K)[None, :]
+            xk = load(x_rows + k[None, :], ok, EVEN_ROWS).to(tl.float32)
+            if ADD_RES:
+                xk = (xk + load(res_rows + k[None, :], ok, EVEN_ROWS).to(tl.float32)).to(dtype).to(tl.float32)
+                tl.store(sum_ptr + r[:, None] * K + k[None, :], xk.to(dtype), mask=ok & (pid_n == 0))
+            squares += xk * xk
+        rstd = tl.rsqrt(tl.sum(squares, 1) / K + eps)
+    acc = tl.zeros([ROWS, BLOCK_N, BLOCK_K // LANES], tl.float32)
+    acc_u = tl.zeros([ROWS, BLOCK_N, BLOCK_K // LANES], tl.float32)
+    # Each step loads the next tile, then sums this one; the last step is peeled off the loop.
+    for step in range(0, trip_count(steps, INTERPRETED_STEPS) - 1):
+        k = step * BLOCK_K + kk
+        w_next, u_next = weight_tiles(rows, up_rows, k + BLOCK_K, n_ok, K, EVEN, GATED)
+        acc, acc_u = _few_accumulate(w, u, k, acc, acc_u, x_rows, res_rows, r_ok, norm_ptr, rstd, K,
+                                     dtype, NORM, ADD_RES, GATED, EVEN, EVEN_ROWS, LANES)
+        w = w_next
+        u = u_next
+    acc, acc_u = _few_accumulate(w, u, (steps - 1) * BLOCK_K + kk, acc, acc_u, x_rows, res_rows, r_ok,
+                                 norm_ptr, rstd, K, dtype, NORM, ADD_RES, GATED, EVEN, EVEN_ROWS, LANES)
+    release_next(PDL)  # the next kernel may launch now: its first tiles of weights load under this tail
+    gate = tl.sum(acc, 2)  # [R, BN]
+    up = gate
+    if GATED:
+        up = tl.sum(acc_u, 2)
+    finish(gate, up, n[None, :], r_ok[:, None] & n_ok[None, :], r[:, None], N, bias_ptr, add_ptr,
+           out_ptr, dtype, HAS_BIAS, GATED, ADD_OUT)
+
+
+def pick_config(gated: bool, norm: bool = False, rows: int = 1) -> Config:
+    """The tiles by the product's kind and its rows, whatever its shape.
+
+    One row: the fastest measured on an H100 at batch 1 over the 1B and 8B shapes and the 8B's
+    TP=2 and TP=4 shards (module docstring). 4 outputs a program, so that even a TP=4 shard's
+    1,536 q|k|v rows make 384 programs; gated products 256 inputs a step (each step reads a gate
+    and an up tile); products with a norm in their prologue 1024 with 8 warps (their programs
+    also hold a row's inputs for the norm); the others 1024 with two tiles in flight. Never split
+    K (slower at every measured shape).
+
+    2..FEW_ROWS rows (``_few_rows_kernel``): 1024 inputs a step, 4 outputs a program (gated
+    products 2: each reads a gate and an up tile), the fastest of a sweep at 2 rows."""
+    if rows > 1:
+        return Config(2 if gated else 4, 1024)
     if gated:
         return Config(4, 256)
     if norm:
@@ -210,9 +315,11 @@ def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     if config is None:
-        config = pick_config(gated, norm is not None)
+        config = pick_config(gated, norm is not None, m if m <= FEW_ROWS else 1)
     check_prologue(norm, residual, sum_out, config.split_k, norm_splits=True)
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    if 1 < m <= FEW_ROWS and config.split_k == 1:
+        return _few_rows(x, weight, bias, norm, residual, sum_out, eps, gated, add, out, config)
     grid = (triton.cdiv(n, config.block_n), config.split_k, m)
     partial, counters = split_buffers(config.split_k, m, 2 * n if gated else n, grid[0] * grid[2], out)
     blocks = triton.cdiv(k, config.block_k)
@@ -231,6 +338,29 @@ def gemv(x: Tensor, weight: Tensor | KernelWeight, bias: Tensor | None = None, *
         AHEAD=min(config.ahead, steps), INTERPRETED_STEPS=steps if INTERPRETED else 0,
         EVEN=n % config.block_n == 0 and k % config.block_k == 0 and blocks % config.split_k == 0,
         PDL=pdl, num_warps=config.num_warps, launch_pdl=pdl,
+    )
+    return out
+
+
+def _few_rows(x: Tensor, weight: Tensor, bias: Tensor | None, norm: Tensor | None,
+              residual: Tensor | None, sum_out: Tensor | None, eps: float, gated: bool,
+              add: Tensor | None, out: Tensor, config: Config) -> Tensor:
+    """``gemv`` of 2..FEW_ROWS rows through ``_few_rows_kernel`` (a program per output tile,
+    every row), into ``out``."""
+    (m, k), n = x.shape, out.shape[1]
+    rows = triton.next_power_of_2(m)
+    steps = triton.cdiv(k, config.block_k)
+    even = n % config.block_n == 0 and k % config.block_k == 0
+    pdl = launches_dependent(x.device)
+    _few_rows_kernel[(triton.cdiv(n, config.block_n),)](
+        x, out if residual is None else residual, out if sum_out is None else sum_out,
+        out if norm is None else norm, weight, out if bias is None else bias,
+        out if add is None else add, out, m, n, k, steps, eps,
+        NORM=norm is not None, ADD_RES=residual is not None, HAS_BIAS=bias is not None,
+        GATED=gated, ADD_OUT=add is not None, ROWS=rows, BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, INTERPRETED_STEPS=steps if INTERPRETED else 0, EVEN=even,
+        EVEN_ROWS=even and m == rows, LANES=FEW_ROWS_LANES, PDL=pdl, num_warps=config.num_warps,
+        launch_pdl=pdl,
     )
     return out
 

@@ -391,7 +391,8 @@ class ShardRunner(TorchRunner):
         from tinyinfer.runners import torch_triton_gemv as gemv
         from tinyinfer.runners import torch_triton_rows as rows
 
-        return {"gemv": (gemv.attention_input, gemv.gemv, gemv.mlp_after_attention, gemv.final_logits),
+        products = (gemv.attention_input, gemv.gemv, gemv.mlp_after_attention, gemv.final_logits)
+        return {"gemv": products, "few": products,
                 "rows": (rows.attention_input, rows.rows_product, rows.mlp_after_attention,
                          rows.final_logits)}
 

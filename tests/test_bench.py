@@ -153,6 +153,26 @@ def test_quantize_with_a_transformers_peer_is_refused_in_one_line():
                            "run without --quantize\n")
 
 
+def test_bench_speculative_reports_both_plain_baselines(tmp_path):
+    """bench speculative divides by plain decoding as the speculative engine steps (each step read
+    before the next is launched) and by plain decoding with asynchronous scheduling, its fastest:
+    both rates on the line and in the JSON, each speedup the speculative rate over its baseline,
+    and every run's greedy tokens the same."""
+    out = tmp_path / "spec.json"
+    done = cli("bench", "speculative", "--speculative", "lookup", "--task", "rewrite", "--max-tokens", "12",
+               "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["identical"] and result["plain_async_tokens_per_second"] > 0
+    for key, base in (("speedup", "plain_tokens_per_second"), ("speedup_vs_async", "plain_async_tokens_per_second")):
+        assert result[key] == pytest.approx(result["speculative_tokens_per_second"] / result[base])
+    line = re.search(r"plain ([\d.]+) tok/s \(asynchronous scheduling ([\d.]+)\), speculative ([\d.]+) tok/s "
+                     r"\(([\d.]+)x; ([\d.]+)x asynchronous plain\)", done.stdout)
+    assert line, done.stdout
+    assert float(line[2]) == pytest.approx(result["plain_async_tokens_per_second"], abs=0.06)
+    assert float(line[5]) == pytest.approx(result["speedup_vs_async"], abs=0.006)
+
+
 def test_acceptance_without_the_oracle_or_out_of_range_is_refused_in_one_line():
     done = cli("bench", "speculative", "--acceptance", "0.8")
     assert done.returncode == 2

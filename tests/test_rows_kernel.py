@@ -218,6 +218,7 @@ def fns(runner, entries):
 mixed = [([5, 9, 2, 11, 3, 8], 0, [0, 1], False), ([4], 6, [2, 3], False)]
 runner = load()
 assert fns(runner, decoding(1)) is runner._fused["gemv"]
+assert runner._fused["few"] is not runner._fused["gemv"]  # one tuple each, so `is` tells them apart
 assert fns(runner, decoding(2)) is runner._fused["few"] and runner.few_rows == 2
 assert fns(runner, decoding(1, tokens=2)) is runner._fused["few"]  # a verification of 1 draft
 assert fns(runner, decoding(3)) is runner._fused["rows"]
@@ -231,7 +232,7 @@ for entries in (decoding(1), decoding(2), decoding(FUSED_MAX_ROWS + 1), decoding
     assert fns(invariant, entries) is invariant._fused["rows"]
 quantized = load(quantize="int8", quant_kernel="triton")
 assert fns(quantized, decoding(1)) is quantized._fused["gemv"]
-assert fns(quantized, decoding(2)) is quantized._decode_fns
+assert fns(quantized, decoding(2)) is quantized._decode_fns and quantized.few_rows == 1
 try:
     load(quantize="int8", quant_kernel="triton", decode_attention="triton", batch_invariant=True)
 except TinyInferError as error:

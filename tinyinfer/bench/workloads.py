@@ -159,8 +159,9 @@ def to_json(obj: Any, **extra: Any) -> str:
     """Results as JSON; ``extra`` (e.g. the thread counts) goes into every record."""
     if isinstance(obj, list):
         return json.dumps([{**asdict(o), **extra} for o in obj], indent=2)
-    return json.dumps({**asdict(obj), **({"speedup": obj.speedup} if hasattr(obj, "speedup") else {}),
-                       **extra}, indent=2)
+    speedups = ({"speedup": obj.speedup, "speedup_vs_async": obj.speedup_vs_async}
+                if isinstance(obj, SpeculativeResult) else {})
+    return json.dumps({**asdict(obj), **speedups, **extra}, indent=2)
 
 
 @dataclass(frozen=True)
@@ -173,17 +174,25 @@ class SpeculativeResult:
     acceptance_rate: float  # accepted / drafted
     token_acceptance: float  # accepted / examined: the closed form's per-token α
     mean_accepted: float
-    identical: bool  # greedy speculative output equals plain greedy output
+    identical: bool  # greedy speculative output equals plain greedy output (both plain runs')
     plain_step_ms: float  # plain decoding's time per token
     draft_step_ms: float  # one drafted token (a draft-model step, with its overhead)
     verify_ms: float  # one verification forward of k + 1 tokens
     other_ms: float  # the rest of a speculative step: scheduling, acceptance, bookkeeping
     closed_form_speedup: float  # the simulator's formula at token_acceptance and these costs
     asked_acceptance: float | None = None  # the oracle drafter's rate
+    # plain decoding with asynchronous scheduling (step N + 1 launched before N is read): its
+    # fastest, where plain_tokens_per_second reads each step before the next, as speculative steps do
+    plain_async_tokens_per_second: float = 0.0
 
     @property
     def speedup(self) -> float:
         return self.speculative_tokens_per_second / self.plain_tokens_per_second
+
+    @property
+    def speedup_vs_async(self) -> float:
+        """The speedup against plain decoding at its fastest (asynchronous scheduling)."""
+        return self.speculative_tokens_per_second / self.plain_async_tokens_per_second
 
 
 PASSAGE = """To be, or not to be, that is the question:
@@ -239,15 +248,21 @@ def greedy_alone(engine: Engine, prompts: list[list[int]], max_tokens: int,
 
 def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_tokens: int = 128,
                       num_draft: int = 4,
-                      plain: tuple[list[list[int]], float] | None = None) -> SpeculativeResult:
+                      plain: tuple[list[list[int]], float] | None = None,
+                      plain_async: tuple[list[list[int]], float] | None = None) -> SpeculativeResult:
     """Greedy decode of each prompt alone, plain vs speculative (warmed up once each).
 
-    ``plain``: greedy_alone's result for the plain engine, when several drafters share it.
-    The oracle drafter follows the plain run's tokens through an untimed speculative pass,
-    then the tokens of that pass through the timed one (see bench/oracle.py).
+    Plain decoding twice: as the speculative engine steps (each step's tokens read before the
+    next is launched), and with asynchronous scheduling, its fastest. ``plain``, ``plain_async``:
+    greedy_alone's results for those, when several drafters share them. The oracle drafter
+    follows the plain run's tokens through an untimed speculative pass, then the tokens of that
+    pass through the timed one (see bench/oracle.py).
     """
     if plain is None:
         plain = greedy_alone(Engine(model, max_num_seqs=1, detail="none"), prompts, max_tokens)
+    if plain_async is None:
+        plain_async = greedy_alone(Engine(model, max_num_seqs=1, detail="none", async_scheduling=True),
+                                   prompts, max_tokens, "plain, asynchronous")
     plain_ids, plain_s = plain
     spec_engine = Engine(model, max_num_seqs=1, detail="none", drafter=drafter, num_draft=num_draft)
     oracle = isinstance(drafter, OracleDrafter)
@@ -267,5 +282,6 @@ def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_
                                  given("tpot", plain_step))["spec_speedup"].value
     return SpeculativeResult(drafter.name, num_draft, tokens, tokens / plain_s, tokens / spec_s,
                              stats.acceptance_rate, stats.token_acceptance, stats.mean_accepted,
-                             spec == plain_ids, 1e3 * plain_step, 1e3 * draft_step, 1e3 * verify_time,
-                             1e3 * other, closed, drafter.acceptance if oracle else None)
+                             spec == plain_ids == plain_async[0], 1e3 * plain_step, 1e3 * draft_step,
+                             1e3 * verify_time, 1e3 * other, closed, drafter.acceptance if oracle else None,
+                             tokens / plain_async[1])

@@ -258,8 +258,10 @@ def _bench_speculative(model, args: argparse.Namespace):
                                      bench.speculative_prompts(model, args.task),
                                      max_tokens=args.max_tokens, num_draft=args.num_draft)
     print(f"{result.drafter} drafter, k={result.num_draft}, {args.task}: plain "
-          f"{result.plain_tokens_per_second:.1f} tok/s, speculative "
-          f"{result.speculative_tokens_per_second:.1f} tok/s ({result.speedup:.2f}x), acceptance "
+          f"{result.plain_tokens_per_second:.1f} tok/s (asynchronous scheduling "
+          f"{result.plain_async_tokens_per_second:.1f}), speculative "
+          f"{result.speculative_tokens_per_second:.1f} tok/s ({result.speedup:.2f}x; "
+          f"{result.speedup_vs_async:.2f}x asynchronous plain), acceptance "
           f"{100 * result.acceptance_rate:.0f}% (per examined token "
           f"{100 * result.token_acceptance:.0f}%), {result.mean_accepted:.2f} accepted per verify, "
           f"identical output: {result.identical}")

@@ -214,8 +214,9 @@ class TorchRunner:
 
             self._fused = self._fused_layer_fns()
             self.few_rows = FEW_ROWS
-            if fusable == "quantized":  # the row kernel and few-row program read float16/bfloat16 weights only
+            if fusable == "quantized":  # the row kernel and few-row program read 16-bit weights only
                 del self._fused["rows"], self._fused["few"]
+                self.few_rows = 1
                 if isinstance(self.w.head, layers.KernelWeight):
                     # a quantized head's product runs faster unfused, after the compiled norm
                     # (an H100: 96.8 against 117.3 us for the 8B int4 head, docs/quantization.md)
@@ -286,7 +287,8 @@ class TorchRunner:
     def _pick_decode_products(self, choice: str, fusable: str | None) -> str:
         """"triton": decode steps of up to FUSED_MAX_ROWS rows through the fused Triton products
         (``torch_triton_gemv``: norms, residual adds and SiLU·mul inside the matrix-vector
-        kernels, ``torch_triton_rows`` for 2..16 rows; int8/int4 weights in the Triton kernels' layout through ``torch_quant_gemv``);
+        kernels, their few-row program for two rows, ``torch_triton_rows`` for 3..16; int8/int4
+        weights in the Triton kernels' layout through ``torch_quant_gemv``);
         "torch": the compiled layer functions and cuBLAS (or the quantized products); "auto":
         "triton" where it applies (CUDA, Triton installed, RMSNorm and a gated MLP) and every
         weight is fp16/bf16, or the quantized layers are int8 or the hidden size at most 2048: there
@@ -512,8 +514,8 @@ class TorchRunner:
         from tinyinfer.runners import torch_triton_gemv as gemv
         from tinyinfer.runners import torch_triton_rows as rows
 
-        products = (gemv.attention_input, gemv.mlp_block, gemv.final_logits)
-        return {"gemv": products, "few": products,
+        return {"gemv": (gemv.attention_input, gemv.mlp_block, gemv.final_logits),
+                "few": (gemv.attention_input, gemv.mlp_block, gemv.final_logits),  # quantized: dropped
                 "rows": (rows.attention_input, rows.mlp_block, rows.final_logits)}
 
     def _layer_fns(self, step: _Step) -> tuple[tuple[Callable[..., Any], ...], Callable[..., Tensor]]:

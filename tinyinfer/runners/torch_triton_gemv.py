@@ -77,13 +77,13 @@ from tinyinfer.runners.triton_env import INTERPRETED, launches_dependent, runs_k
 # Steps of up to this many rows run a program per output tile that multiplies every row by the
 # tile it reads (``_few_rows_kernel``); more rows, a program per row and tile (``_gemv_kernel``),
 # though the runner sends 3..16 rows to the row kernel (torch_fast.FUSED_MAX_ROWS). Measured on an
-# H100 (docs/fast-path.md): at 2 rows each product of the 8B shape as fast as at one or faster
-# than the row kernel, 5-14 %; a program of 5 or 8 rows ran up to twice as slow as the row kernel
-# (Triton lays the rows across the warps, so every step passes the tile of weights between them
-# through shared memory), and pairs of rows in programs side by side, each pair reading the
-# tile again, did not find it in L2 often enough (5 rows: 45-856 us a product against 16-354).
+# H100 (docs/fast-path.md): at 2 rows each product of the 8B shape 4-16 % faster than the row
+# kernel (the largest as fast as at one row); a program of 5 or 8 rows ran up to twice as slow as
+# the row kernel (Triton lays the rows across the warps, so every step passes the tile of weights
+# between them through shared memory), and pairs of rows in programs side by side, each pair reading the
+# tile again, did not find it in L2 often enough (5 rows: 19-856 us a product against 16-354).
 FEW_ROWS = 2
-FEW_ROWS_LANES = 8  # inputs a thread of the few-row program sums in its registers each step (16 bytes of bf16)
+FEW_ROWS_LANES = 8  # inputs a thread of the few-row program sums in registers a step (16 bytes of bf16)
 
 
 class Config(NamedTuple):
@@ -348,6 +348,9 @@ def _few_rows(x: Tensor, weight: Tensor, bias: Tensor | None, norm: Tensor | Non
     """``gemv`` of 2..FEW_ROWS rows through ``_few_rows_kernel`` (a program per output tile,
     every row), into ``out``."""
     (m, k), n = x.shape, out.shape[1]
+    if config.block_k % FEW_ROWS_LANES:
+        raise ValueError(f"the few-row program sums runs of {FEW_ROWS_LANES} inputs: block_k "
+                         f"{config.block_k} must be a multiple of it")
     rows = triton.next_power_of_2(m)
     steps = triton.cdiv(k, config.block_k)
     even = n % config.block_n == 0 and k % config.block_k == 0

@@ -36,7 +36,8 @@ a [BLOCK_K, 16] tile of x in every program (as much arithmetic as a 16-output we
 further from the copy bandwidth. Measured on an H100 (docs/fast-path.md), a one-row step took
 22 % (1B shape) and 6 % (8B) longer than through the matrix-vector kernels, far from the 2 %
 that would have made it the one path; so the runner's ``batch_invariant`` option sends one-row
-steps here too, for exactness, and by default only steps of 2..16 rows (one row tile) come here.
+steps here too, for exactness, and by default only steps of 3..16 rows (one row tile) come here
+(two rows run ``torch_triton_gemv``'s few-row program, which reads the weights once too).
 """
 
 from __future__ import annotations

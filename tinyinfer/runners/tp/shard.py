@@ -391,8 +391,8 @@ class ShardRunner(TorchRunner):
         from tinyinfer.runners import torch_triton_gemv as gemv
         from tinyinfer.runners import torch_triton_rows as rows
 
-        products = (gemv.attention_input, gemv.gemv, gemv.mlp_after_attention, gemv.final_logits)
-        return {"gemv": products, "few": products,
+        return {"gemv": (gemv.attention_input, gemv.gemv, gemv.mlp_after_attention, gemv.final_logits),
+                "few": (gemv.attention_input, gemv.gemv, gemv.mlp_after_attention, gemv.final_logits),
                 "rows": (rows.attention_input, rows.rows_product, rows.mlp_after_attention,
                          rows.final_logits)}
 

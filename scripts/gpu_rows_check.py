@@ -55,8 +55,7 @@ from tinyinfer.runners.torch_weights import random_weights  # noqa: E402
 
 PAGE, PROMPT = 16, 128
 ROW_COUNTS = (1, 2, 5, 16, 17)
-FEW_COUNTS = (2, 3, 4, 5, 8)  # rows through the few-row program (up to torch_triton_gemv.FEW_ROWS)
-FEW_SWEEP_COUNTS = (5,)  # rows the few-row tiles are swept at (a verification of 4 drafted tokens)
+FEW_COUNTS = (2,)  # rows through the few-row program (torch_triton_gemv.FEW_ROWS)
 
 
 def log(message: str) -> None:
@@ -254,11 +253,11 @@ CANDIDATES = [  # (outputs, inputs, split, warps, stages) tried at 1 and 5 rows;
     (16, 512, 2, 4, 0), (16, 256, 2, 4, 3)]
 
 
-FEW_CANDIDATES = [  # (outputs, inputs, warps) of the few-row program at FEW_SWEEP_COUNTS rows
-    (2, 1024, 4), (4, 1024, 4), (8, 1024, 4), (8, 512, 4), (8, 1024, 8)]
+FEW_CANDIDATES = [  # (outputs, inputs, warps) of the few-row program at 2 rows
+    (4, 1024, 4), (2, 1024, 4), (8, 512, 4), (4, 512, 4), (2, 2048, 4), (4, 2048, 8), (8, 1024, 8)]
 
 
-def product_times(shape: str, device: torch.device, sweep: bool, few_sweep: bool) -> dict:
+def product_times(shape: str, device: torch.device, sweep: bool) -> dict:
     g = torch.Generator(device=device).manual_seed(1)
     s = sizes(shape)
     out = {}
@@ -270,8 +269,7 @@ def product_times(shape: str, device: torch.device, sweep: bool, few_sweep: bool
         nbytes = n * k * 2
         row: dict = {"shape": [n, k], "bytes": nbytes,
                      "default": list(rows.pick_config(n // 2 if gated else n, k, gated))}
-        xs = {m: torch.randn((m, k), generator=g, device=device).to(torch.bfloat16)
-              for m in sorted({1, 2, 5, 16, 17, *FEW_COUNTS})}
+        xs = {m: torch.randn((m, k), generator=g, device=device).to(torch.bfloat16) for m in (1, 2, 5, 16, 17)}
         args = {m: extra(xs[m]) for m in xs}
 
         def record(label: str, call) -> None:
@@ -286,7 +284,7 @@ def product_times(shape: str, device: torch.device, sweep: bool, few_sweep: bool
         record("gemv M=1", lambda i: gemv.gemv(xs[1], ws[i], **args[1]))
         for m in FEW_COUNTS:
             record(f"few M={m}", lambda i, m=m: gemv.gemv(xs[m], ws[i], **args[m]))
-            if (sweep or few_sweep) and m in FEW_SWEEP_COUNTS:
+            if sweep:
                 for bn, inputs, warps in FEW_CANDIDATES:
                     cfg = gemv.Config(bn, inputs, num_warps=warps)
                     record(f"few M={m} {cfg.block_n}x{cfg.block_k} warps {warps}",
@@ -324,8 +322,6 @@ def main() -> int:
     parser.add_argument("--parts", default="check,steps,products", help="any of check,steps,batches,products")
     parser.add_argument("--shapes", default="llama-3.2-1b,llama-3-8b")
     parser.add_argument("--no-sweep", action="store_true", help="products: the default tiles only")
-    parser.add_argument("--few-sweep", action="store_true",
-                        help="products with --no-sweep: still sweep the few-row program's tiles")
     args = parser.parse_args()
     device = torch.device("cuda")
     out = Path(args.out) / "gpu_rows_check.json"
@@ -339,7 +335,7 @@ def main() -> int:
             job = {"check": lambda s=shape: check(s, device),
                    "steps": lambda s=shape: steps(s, device),
                    "batches": lambda s=shape: batches(s, device),
-                   "products": lambda s=shape: product_times(s, device, not args.no_sweep, args.few_sweep)}[part]
+                   "products": lambda s=shape: product_times(s, device, not args.no_sweep)}[part]
             jobs.append((f"{part} {shape}", job))
     for name, job in jobs:
         start = time.perf_counter()

@@ -82,7 +82,7 @@ from tinyinfer.runners.triton_env import INTERPRETED, launches_dependent, runs_k
 # the row kernel (Triton lays the rows across the warps, so every step passes the tile of weights
 # between them through shared memory), and pairs of rows in programs side by side, each pair reading the
 # tile again, did not find it in L2 often enough (5 rows: 19-856 us a product against 16-354).
-FEW_ROWS = 8
+FEW_ROWS = 2
 FEW_ROWS_LANES = 8  # inputs a thread of the few-row program sums in registers a step (16 bytes of bf16)
 
 
@@ -189,112 +189,88 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _few_inputs(x_ptr, res_ptr, row, k, K, norm_k, rstd, dtype, NORM: tl.constexpr, ADD_RES: tl.constexpr,
-                EVEN: tl.constexpr):
-    """Inputs k [BK] of row ``row`` through the prologue, with ``_accumulate``'s roundings, in
-    float32 (norm_k: the norm's weights at k)."""
-    k_ok = k < K
-    xk = load(x_ptr + row * K + k, k_ok, EVEN).to(tl.float32)
+def _few_accumulate(w, u, k, acc, acc_u, x_rows, res_rows, r_ok, norm_ptr, rstd, K, dtype,
+                    NORM: tl.constexpr, ADD_RES: tl.constexpr, GATED: tl.constexpr,
+                    EVEN: tl.constexpr, EVEN_ROWS: tl.constexpr, LANES: tl.constexpr):
+    """``_accumulate`` for the rows ``x_rows`` [R, 1] at once: inputs k [BK] of each row through
+    the prologue (the same roundings), times the weight tiles w (and u) [BN, BK], summed into
+    acc (acc_u) [R, BN, BK] in float32."""
+    ok = r_ok[:, None] & (k < K)[None, :]
+    xk = load(x_rows + k[None, :], ok, EVEN_ROWS).to(tl.float32)  # [R, BK]
     if NORM:
         if ADD_RES:
-            xk = (xk + load(res_ptr + row * K + k, k_ok, EVEN).to(tl.float32)).to(dtype).to(tl.float32)
-        xk = (xk * rstd * norm_k).to(dtype).to(tl.float32)
-    return xk
-
-
-@triton.jit
-def _few_accumulate(w, u, k, accs, accs_u, x_ptr, res_ptr, norm_ptr, rstds, K, dtype, NORM: tl.constexpr,
-                    ADD_RES: tl.constexpr, GATED: tl.constexpr, EVEN: tl.constexpr, ROWS: tl.constexpr,
-                    LANES: tl.constexpr):
-    """``_accumulate`` for ROWS rows at once: each row's inputs k [BK] through the prologue (the
-    same roundings), times the weight tiles w (and u) [BN, BK], summed into that row's own
-    float32 sums accs[r] (accs_u[r]) [BN, BK / LANES].
-
-    Each row's sums are a tensor of their own, laid out as the tile of weights: a tensor of
-    [rows, BN, ...] would have Triton lay the rows across the warps and pass the tile between
-    them through shared memory every step. Each thread sums runs of LANES neighbouring inputs in
-    its registers at once, so the sums kept across steps are LANES times fewer than the products."""
-    BN: tl.constexpr = w.shape[0]
-    BK: tl.constexpr = w.shape[1]
-    wf = tl.reshape(w.to(tl.float32), [BN, BK // LANES, LANES])
-    uf = wf
+            xk = (xk + load(res_rows + k[None, :], ok, EVEN_ROWS).to(tl.float32)).to(dtype).to(tl.float32)
+        xk = xk * rstd[:, None] * load(norm_ptr + k, k < K, EVEN).to(tl.float32)[None, :]
+        xk = xk.to(dtype).to(tl.float32)
+    # Each thread sums runs of LANES neighbouring inputs in its registers at once, so the float32
+    # sums kept across steps are LANES times fewer than the products of a step.
+    xs = tl.reshape(xk, [xk.shape[0], 1, xk.shape[1] // LANES, LANES])
+    acc += tl.sum(tl.reshape(w.to(tl.float32), [1, w.shape[0], w.shape[1] // LANES, LANES]) * xs, 3)
     if GATED:
-        uf = tl.reshape(u.to(tl.float32), [BN, BK // LANES, LANES])
-    norm_k = 0.0
-    if NORM:
-        norm_k = load(norm_ptr + k, k < K, EVEN).to(tl.float32)
-    new = ()
-    new_u = ()
-    for r in tl.static_range(ROWS):
-        xk = _few_inputs(x_ptr, res_ptr, r, k, K, norm_k, rstds[r], dtype, NORM, ADD_RES, EVEN)
-        xs = tl.reshape(xk, [BK // LANES, LANES])[None, :, :]
-        new = new + (accs[r] + tl.sum(wf * xs, 2),)
-        if GATED:
-            new_u = new_u + (accs_u[r] + tl.sum(uf * xs, 2),)
-        else:
-            new_u = new_u + (accs_u[r],)
-    return new, new_u
+        acc_u += tl.sum(tl.reshape(u.to(tl.float32), [1, u.shape[0], u.shape[1] // LANES, LANES]) * xs, 3)
+    return acc, acc_u
 
 
 @triton.jit
 def _few_rows_kernel(
     x_ptr, res_ptr, sum_ptr, norm_ptr, w_ptr, bias_ptr, add_ptr, out_ptr,
-    N, K, steps, eps,
+    M, N, K, steps, eps,
     NORM: tl.constexpr, ADD_RES: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
     ADD_OUT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    INTERPRETED_STEPS: tl.constexpr, EVEN: tl.constexpr, LANES: tl.constexpr, PDL: tl.constexpr,
+    INTERPRETED_STEPS: tl.constexpr, EVEN: tl.constexpr, EVEN_ROWS: tl.constexpr, LANES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """``_gemv_kernel``'s product for ROWS rows at once: each program reads its tile of weights
-    once and multiplies it by every row (a few sequences decoding, the verification of a few
-    drafted tokens), where ``_gemv_kernel`` runs a program per row, each reading the weights
-    again. Programs: N tiles. A norm takes a pass of its own over the rows' inputs first (a
-    program does not hold whole rows at once), the same sums as ``_gemv_kernel``'s."""
+    """``_gemv_kernel``'s product for M <= ROWS rows at once: each program reads its tile of
+    weights once and multiplies it by every row (two sequences decoding, the verification of one
+    drafted token), where ``_gemv_kernel`` runs a program per row, each reading the weights again.
+    Programs: N tiles. A norm takes a pass of its own over the rows' inputs first (a program does
+    not hold whole rows at once), the same sums as ``_gemv_kernel``'s; EVEN_ROWS: EVEN, and
+    M == ROWS (no row to mask)."""
     pid_n = tl.program_id(0)
     dtype = w_ptr.dtype.element_ty
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     kk = tl.arange(0, BLOCK_K)
+    r = tl.arange(0, ROWS)
+    r_ok = r < M
     rows = w_ptr + n[:, None] * K  # [BN, 1]
     up_rows = rows + N * K
     # the first tile of weights, which no earlier kernel writes, before waiting for that kernel
     w, u = weight_tiles(rows, up_rows, kk, n_ok, K, EVEN, GATED)
     wait_for_previous(PDL)
-    rstds = (0.0,) * ROWS
+    x_rows = x_ptr + r[:, None] * K  # [R, 1]
+    res_rows = res_ptr + r[:, None] * K
+    rstd = tl.zeros([ROWS], tl.float32)
     if NORM:
-        squares = (tl.zeros([BLOCK_K], tl.float32),) * ROWS
+        squares = tl.zeros([ROWS, BLOCK_K], tl.float32)
         for step in range(0, trip_count(steps, INTERPRETED_STEPS)):
             k = step * BLOCK_K + kk
-            k_ok = k < K
-            summed = ()
-            for r in tl.static_range(ROWS):
-                xk = load(x_ptr + r * K + k, k_ok, EVEN).to(tl.float32)
-                if ADD_RES:
-                    xk = (xk + load(res_ptr + r * K + k, k_ok, EVEN).to(tl.float32)).to(dtype).to(tl.float32)
-                    tl.store(sum_ptr + r * K + k, xk.to(dtype), mask=k_ok & (pid_n == 0))
-                summed = summed + (squares[r] + xk * xk,)
-            squares = summed
-        rstds = ()
-        for r in tl.static_range(ROWS):
-            rstds = rstds + (tl.rsqrt(tl.sum(squares[r], 0) / K + eps),)
-    accs = (tl.zeros([BLOCK_N, BLOCK_K // LANES], tl.float32),) * ROWS
-    accs_u = accs
+            ok = r_ok[:, None] & (k < K)[None, :]
+            xk = load(x_rows + k[None, :], ok, EVEN_ROWS).to(tl.float32)
+            if ADD_RES:
+                xk = (xk + load(res_rows + k[None, :], ok, EVEN_ROWS).to(tl.float32)).to(dtype).to(tl.float32)
+                tl.store(sum_ptr + r[:, None] * K + k[None, :], xk.to(dtype), mask=ok & (pid_n == 0))
+            squares += xk * xk
+        rstd = tl.rsqrt(tl.sum(squares, 1) / K + eps)
+    acc = tl.zeros([ROWS, BLOCK_N, BLOCK_K // LANES], tl.float32)
+    acc_u = tl.zeros([ROWS, BLOCK_N, BLOCK_K // LANES], tl.float32)
     # Each step loads the next tile, then sums this one; the last step is peeled off the loop.
     for step in range(0, trip_count(steps, INTERPRETED_STEPS) - 1):
         k = step * BLOCK_K + kk
         w_next, u_next = weight_tiles(rows, up_rows, k + BLOCK_K, n_ok, K, EVEN, GATED)
-        accs, accs_u = _few_accumulate(w, u, k, accs, accs_u, x_ptr, res_ptr, norm_ptr, rstds, K, dtype, NORM,
-                                       ADD_RES, GATED, EVEN, ROWS, LANES)
+        acc, acc_u = _few_accumulate(w, u, k, acc, acc_u, x_rows, res_rows, r_ok, norm_ptr, rstd, K,
+                                     dtype, NORM, ADD_RES, GATED, EVEN, EVEN_ROWS, LANES)
         w = w_next
         u = u_next
-    accs, accs_u = _few_accumulate(w, u, (steps - 1) * BLOCK_K + kk, accs, accs_u, x_ptr, res_ptr, norm_ptr,
-                                   rstds, K, dtype, NORM, ADD_RES, GATED, EVEN, ROWS, LANES)
+    acc, acc_u = _few_accumulate(w, u, (steps - 1) * BLOCK_K + kk, acc, acc_u, x_rows, res_rows, r_ok,
+                                 norm_ptr, rstd, K, dtype, NORM, ADD_RES, GATED, EVEN, EVEN_ROWS, LANES)
     release_next(PDL)  # the next kernel may launch now: its first tiles of weights load under this tail
-    for r in tl.static_range(ROWS):
-        gate = tl.sum(accs[r], 1)  # [BN]
-        up = gate
-        if GATED:
-            up = tl.sum(accs_u[r], 1)
-        finish(gate, up, n, n_ok, r, N, bias_ptr, add_ptr, out_ptr, dtype, HAS_BIAS, GATED, ADD_OUT)
+    gate = tl.sum(acc, 2)  # [R, BN]
+    up = gate
+    if GATED:
+        up = tl.sum(acc_u, 2)
+    finish(gate, up, n[None, :], r_ok[:, None] & n_ok[None, :], r[:, None], N, bias_ptr, add_ptr,
+           out_ptr, dtype, HAS_BIAS, GATED, ADD_OUT)
 
 
 def pick_config(gated: bool, norm: bool = False, rows: int = 1) -> Config:
@@ -375,17 +351,18 @@ def _few_rows(x: Tensor, weight: Tensor, bias: Tensor | None, norm: Tensor | Non
     if config.block_k % FEW_ROWS_LANES:
         raise ValueError(f"the few-row program sums runs of {FEW_ROWS_LANES} inputs: block_k "
                          f"{config.block_k} must be a multiple of it")
+    rows = triton.next_power_of_2(m)
     steps = triton.cdiv(k, config.block_k)
     even = n % config.block_n == 0 and k % config.block_k == 0
     pdl = launches_dependent(x.device)
     _few_rows_kernel[(triton.cdiv(n, config.block_n),)](
         x, out if residual is None else residual, out if sum_out is None else sum_out,
         out if norm is None else norm, weight, out if bias is None else bias,
-        out if add is None else add, out, n, k, steps, eps,
+        out if add is None else add, out, m, n, k, steps, eps,
         NORM=norm is not None, ADD_RES=residual is not None, HAS_BIAS=bias is not None,
-        GATED=gated, ADD_OUT=add is not None, ROWS=m, BLOCK_N=config.block_n,
+        GATED=gated, ADD_OUT=add is not None, ROWS=rows, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, INTERPRETED_STEPS=steps if INTERPRETED else 0, EVEN=even,
-        LANES=FEW_ROWS_LANES, PDL=pdl, num_warps=config.num_warps,
+        EVEN_ROWS=even and m == rows, LANES=FEW_ROWS_LANES, PDL=pdl, num_warps=config.num_warps,
         launch_pdl=pdl,
     )
     return out

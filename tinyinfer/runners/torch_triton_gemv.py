@@ -78,10 +78,12 @@ from tinyinfer.runners.triton_env import INTERPRETED, launches_dependent, runs_k
 # tile it reads (``_few_rows_kernel``); more rows, a program per row and tile (``_gemv_kernel``),
 # though the runner sends 3..16 rows to the row kernel (torch_fast.FUSED_MAX_ROWS). Measured on an
 # H100 (docs/fast-path.md): at 2 rows each product of the 8B shape 4-16 % faster than the row
-# kernel (the largest as fast as at one row); a program of 5 or 8 rows ran up to twice as slow as
-# the row kernel (Triton lays the rows across the warps, so every step passes the tile of weights
-# between them through shared memory), and pairs of rows in programs side by side, each pair reading the
-# tile again, did not find it in L2 often enough (5 rows: 19-856 us a product against 16-354).
+# kernel (the largest as fast as at one row); from 3 rows on slower, whether the rows were one
+# [rows, ...] tensor (5 or 8 rows up to twice as slow) or each row's sums a tensor of its own
+# (the 8B verification of 4 drafted tokens 8.95 ms against 6.26); neither loop moves anything
+# through shared memory (their compiled PTX), each issues one multiply-add per row and weight.
+# Pairs of rows in programs side by side, each pair reading the tile again, did not find it in
+# L2 often enough (5 rows: 19-856 us a product against 16-354).
 FEW_ROWS = 2
 FEW_ROWS_LANES = 8  # inputs a thread of the few-row program sums in registers a step (16 bytes of bf16)
 

@@ -21,7 +21,8 @@ Sections (each writes its results to OUT/gpu_spec_bench.json as soon as it finis
            the oracle drafter at acceptance 0.6 / 0.8 / 0.9 x k = 2 / 4 / 8, each against the
            simulator's closed form at the measured costs; the draft shape's own plain step time;
            beside the plain baseline (the engine as speculative decoding runs it, each step read
-           before the next is launched), plain decoding with asynchronous scheduling, its fastest.
+           before the next is launched), plain decoding with asynchronous scheduling, its fastest
+           (the bundled and exactness sections' rows have both baselines too, one per section).
            With --draft-quantize FORMAT [--draft-quantize-head] the same rows again with the
            draft shape in that format (random codes), against the same plain baseline;
            --stepwise-too: each row's first alpha at each k again with the rounds one by one
@@ -196,6 +197,13 @@ def first_differences(plain: list[list[int]], spec: list[list[int]]) -> dict:
             "matching_prefix_share": sum(first) / sum(len(x) for x in plain)}
 
 
+def plain_async(model, prompts: list[list[int]]) -> tuple[list[list[int]], float]:
+    """Plain decoding at its fastest, each prompt alone (step N + 1 launched before N is read:
+    asynchronous scheduling): the baseline a section's speculative rows share."""
+    return bench.greedy_alone(Engine(model, max_num_seqs=1, detail="none", async_scheduling=True),
+                              prompts, ARGS.tokens, "plain, asynchronous")
+
+
 def exactness(results: dict) -> None:
     """bf16 greedy, speculative vs plain, token for token, with and without batch_invariant:
     the bundled pair (its draft model, k = 2, 4, 8; every prompt alone, then all at once, plain
@@ -235,11 +243,13 @@ def exactness(results: dict) -> None:
     prompts = bench.speculative_prompts(big, "continue", ARGS.prompts or 4)
     plain = bench.greedy_alone(Engine(big, max_num_seqs=1, detail="none"), prompts, ARGS.tokens)
     out["target_plain_step_ms_batch_invariant"] = 1e3 * plain[1] / sum(len(o) for o in plain[0])
+    fastest = plain_async(big, prompts)
+    out["target_plain_async_step_ms_batch_invariant"] = 1e3 * fastest[1] / sum(len(o) for o in fastest[0])
     for alpha, k in ((0.8, 4), (0.6, 8)):
         r = bench.bench_speculative(big, OracleDrafter(small, alpha, seed=1), prompts, ARGS.tokens, k,
-                                    plain=plain)
+                                    plain=plain, plain_async=fastest)
         key = f"{ARGS.target} oracle a={alpha} k={k} batch_invariant=True"
-        out[key] = {**dataclasses.asdict(r), "speedup": r.speedup}
+        out[key] = {**dataclasses.asdict(r), "speedup": r.speedup, "speedup_vs_async_plain": r.speedup_vs_async}
         SAVE[0]()
         log(f"  {key}: identical {r.identical}, {r.speedup:.2f}x, acceptance {r.token_acceptance:.3f}, "
             f"draft {r.draft_step_ms:.2f} ms, verify {r.verify_ms:.2f} ms, plain {r.plain_step_ms:.2f} ms")
@@ -307,13 +317,17 @@ def bundled(results: dict) -> None:
             plain = bench.greedy_alone(engine, prompts, ARGS.tokens)
         results[f"{key}_plain_step_ms"] = 1e3 * plain[1] / sum(len(o) for o in plain[0])
         results[f"{key}_plain_compiles"] = compiled
-        log(f"  {key} plain {results[f'{key}_plain_step_ms']:.3f} ms a token, compiled {compiled}")
+        fastest = plain_async(target, prompts)
+        results[f"{key}_plain_async_step_ms"] = 1e3 * fastest[1] / sum(len(o) for o in fastest[0])
+        log(f"  {key} plain {results[f'{key}_plain_step_ms']:.3f} ms a token "
+            f"({results[f'{key}_plain_async_step_ms']:.3f} asynchronous), compiled {compiled}")
         for k in (2, 4):
             for stepwise in (False, True) if key == "bundled_again" else (False,):
                 with Compiles() as compiled, rounds_stepwise(draft, stepwise):
                     r = bench.bench_speculative(target, DraftModelDrafter(draft), prompts, ARGS.tokens, k,
-                                                plain=plain)
-                results[key].append({**dataclasses.asdict(r), "speedup": r.speedup, "compiles": compiled,
+                                                plain=plain, plain_async=fastest)
+                results[key].append({**dataclasses.asdict(r), "speedup": r.speedup,
+                                     "speedup_vs_async_plain": r.speedup_vs_async, "compiles": compiled,
                                      "draft_rounds": "stepwise" if stepwise else "one launch"})
                 log(f"  {key} k={k}{' stepwise' if stepwise else ''}: {results[key][-1]}")
                 SAVE[0]()
@@ -334,9 +348,7 @@ def oracle(results: dict) -> None:
     tokens = ARGS.tokens
     plain = bench.greedy_alone(Engine(big, max_num_seqs=1, detail="none"), prompts, tokens)
     results["target_plain_step_ms"] = 1e3 * plain[1] / sum(len(o) for o in plain[0])
-    # plain decoding at its fastest: step N + 1 launched before N is read (asynchronous scheduling)
-    fastest = bench.greedy_alone(Engine(big, max_num_seqs=1, detail="none", async_scheduling=True),
-                                 prompts, tokens, "plain, asynchronous")
+    fastest = plain_async(big, prompts)
     results["target_plain_async_step_ms"] = 1e3 * fastest[1] / sum(len(o) for o in fastest[0])
     results["async_plain_identical"] = fastest[0] == plain[0]
     for label, quantize, head in draft_variants():

@@ -215,7 +215,7 @@ class TorchRunner:
             self._fused = self._fused_layer_fns()
             self.few_rows = FEW_ROWS
             if fusable == "quantized":  # the row kernel and few-row program read 16-bit weights only
-                del self._fused["rows"], self._fused["few"]
+                del self._fused["rows"]
                 self.few_rows = 1
                 if isinstance(self.w.head, layers.KernelWeight):
                     # a quantized head's product runs faster unfused, after the compiled norm
@@ -515,7 +515,7 @@ class TorchRunner:
         from tinyinfer.runners import torch_triton_rows as rows
 
         return {"gemv": (gemv.attention_input, gemv.mlp_block, gemv.final_logits),
-                "few": (gemv.attention_input, gemv.mlp_block, gemv.final_logits),  # quantized: dropped
+                "few": (gemv.attention_input, gemv.mlp_block, gemv.final_logits),
                 "rows": (rows.attention_input, rows.mlp_block, rows.final_logits)}
 
     def _layer_fns(self, step: _Step) -> tuple[tuple[Callable[..., Any], ...], Callable[..., Tensor]]:

@@ -42,6 +42,7 @@ from tinyinfer.quant import QuantConfig, dequantize, quantize  # noqa: E402
 from tinyinfer.runners import torch_layers as L  # noqa: E402
 from tinyinfer.runners import triton_env  # noqa: E402
 
+PRODUCT_FORMATS = ("int4-g128", "int8")  # the formats the layer and product timings run
 CHECK_FORMATS = ("int8", "int8-g32", "int4-g128", "int4-g32", "int4-g64-asym", "int4-g32-min")
 SHAPES = {  # one layer's products and the LM head, [out, in]
     "llama-3-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
@@ -54,7 +55,9 @@ TILES = {  # (block_n, block_k, num_warps, num_stages) of a one-row product besi
     (False, 4): [(16, 512, 2, 3), (32, 512, 2, 3)],
     (False, 8): [(8, 256, 2, 4), (16, 512, 2, 4)],
     (True, 4): [(16, 512, 2, 3), (32, 512, 2, 3), (32, 1024, 2, 3), (64, 256, 4, 4)],
-    (True, 8): [(16, 256, 2, 4), (32, 256, 2, 4), (32, 512, 2, 4)],
+    (True, 8): [(16, 512, 2, 4), (16, 256, 2, 4), (32, 256, 2, 4), (32, 512, 2, 4), (8, 512, 2, 4), (8, 1024, 2, 4),
+                (16, 512, 2, 3), (16, 512, 2, 6), (16, 512, 4, 4), (16, 1024, 2, 3), (16, 1024, 4, 4),
+                (32, 512, 4, 4), (16, 256, 2, 6)],
 }
 NORMED = ("qkv", "gate_up", "head")  # the products with a norm in their prologue (whole rows: no split K)
 EPS = 1e-5
@@ -71,7 +74,7 @@ def check_format(fmt: str) -> dict[str, Any]:
 
     device = torch.device("cuda")
     rng = np.random.default_rng(CHECK_FORMATS.index(fmt))
-    d, f, qkv_out, vocab = 2048, 5632, 3072, 32000
+    d, f, qkv_out, vocab = 2048, 8448, 3072, 32000  # f past LONG_ROWS: the int8 down product's long-row tiles
     shapes = {"qkv": (qkv_out, d), "o": (d, d), "up": (2 * f, d), "down": (d, f), "head": (vocab, d)}
     q, w = {}, {}
     for name, shape in shapes.items():
@@ -128,7 +131,7 @@ def layer_weights(fmt: str, shape: str, device: torch.device,
             for _ in range(copies_for(one))]
 
 
-def layer_timings(device: torch.device, gen: torch.Generator, shapes: list[str]) -> dict[str, Any]:
+def layer_timings(device: torch.device, gen: torch.Generator, formats: list[str], shapes: list[str]) -> dict[str, Any]:
     """One layer of each shape at one row: the compiled unfused functions against the fused ones."""
     from tinyinfer.runners import torch_triton_gemv as G
 
@@ -138,7 +141,7 @@ def layer_timings(device: torch.device, gen: torch.Generator, shapes: list[str])
         d = SHAPES[shape]["qkv"][1]
         x, r, attn = (torch.randn((1, d), device=device, dtype=torch.bfloat16) for _ in range(3))
         norm = torch.ones(d, device=device, dtype=torch.bfloat16)
-        for fmt in ("int4-g128", "int8"):
+        for fmt in formats:
             layers = layer_weights(fmt, shape, device, gen)
             stored = sum(nbytes(w) for w in layers[0].values())
             for name, (attention_input, mlp_block) in (("unfused, compiled", compiled),
@@ -197,7 +200,7 @@ def product_configs(fmt: str, shape: tuple[int, int], kind: str, device: torch.d
     n = out_f // 2 if kind == "gate_up" and fused else out_f
     whole = fused and kind in NORMED
     if fused:
-        configs: dict[str, Any] = {"default": Q.pick_config(n, k, bits, processors, tma, whole)}
+        configs: dict[str, Any] = {"default": Q.pick_config(n, k, bits, processors, tma, whole, kind == "gate_up")}
     else:
         configs = {"default": qk.pick_config(1, n, k, bits, processors, tma)}
     if tiles:
@@ -214,9 +217,10 @@ def product_inputs(kind: str, k: int, n: int, device: torch.device) -> tuple[tor
     return x, r, torch.ones(k, device=device, dtype=torch.bfloat16)
 
 
-def product_jobs(shapes: list[str], tiles: bool, device: torch.device) -> list[tuple[str, str, str, bool, Any]]:
+def product_jobs(formats: list[str], shapes: list[str], tiles: bool,
+                 device: torch.device) -> list[tuple[str, str, str, bool, Any]]:
     """Every (format, shape, kind, fused, tiles) the product timings run."""
-    return [(fmt, shape, kind, fused, config) for fmt in ("int4-g128", "int8") for shape in shapes
+    return [(fmt, shape, kind, fused, config) for fmt in formats for shape in shapes
             for kind, size in SHAPES[shape].items() for fused in (False, True)
             for config in product_configs(fmt, size, kind, device, tiles, fused).values()]
 
@@ -239,10 +243,11 @@ def warm_products(jobs: list[tuple[str, str, str, bool, Any]]) -> int:
     return done
 
 
-def tile_timings(device: torch.device, gen: torch.Generator, shapes: list[str], tiles: bool) -> dict[str, Any]:
+def tile_timings(device: torch.device, gen: torch.Generator, formats: list[str], shapes: list[str],
+                 tiles: bool) -> dict[str, Any]:
     """Each product of the shapes alone, unfused and fused: the default tiles, then others."""
     report: dict[str, Any] = {}
-    for fmt in ("int4-g128", "int8"):
+    for fmt in formats:
         bits = QuantConfig.parse(fmt).bits
         for shape in shapes:
             for kind, size in SHAPES[shape].items():
@@ -278,6 +283,8 @@ def main() -> int:
                         choices=["check", "layer", "products"], help="what to run (default: all)")
     parser.add_argument("--shapes", nargs="+", default=["llama-3-8b", "llama-3.2-1b"], choices=list(SHAPES))
     parser.add_argument("--no-tiles", action="store_true", help="time each product at its default tiles only")
+    parser.add_argument("--formats", nargs="+", default=list(PRODUCT_FORMATS), choices=PRODUCT_FORMATS,
+                        help="the layer and product timings' formats (default: both)")
     parser.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1),
                         help="processes that run the checks (a format each) and compile the timed kernels")
     args = parser.parse_args()
@@ -287,7 +294,7 @@ def main() -> int:
     report: dict[str, Any] = {"environment": environment(device), "command": " ".join(sys.argv),
                               "bandwidth_GBps": copy_bandwidth(device, 2**31)}
     log(f"{report['environment'].get('card')}: copy {report['bandwidth_GBps']:.0f} GB/s")
-    jobs = product_jobs(args.shapes, not args.no_tiles, device) if "products" in args.parts else []
+    jobs = product_jobs(args.formats, args.shapes, not args.no_tiles, device) if "products" in args.parts else []
     with torch.multiprocessing.get_context("spawn").Pool(args.workers) as pool:
         # the checks run while the timed kernels compile
         pending = pool.map_async(check_format, CHECK_FORMATS if "check" in args.parts else ())
@@ -304,13 +311,13 @@ def main() -> int:
     gen = torch.Generator(device=device).manual_seed(0)
     if "layer" in args.parts:
         try:
-            report["layer"] = layer_timings(device, gen, args.shapes)
+            report["layer"] = layer_timings(device, gen, args.formats, args.shapes)
         except Exception as exc:  # noqa: BLE001 - recorded; the product timings still run
             report["layer"] = {"error": f"{type(exc).__name__}: {exc}"}
             log(f"layer timings FAILED: {type(exc).__name__}: {exc}")
         path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     if "products" in args.parts:
-        report["products"] = tile_timings(device, gen, args.shapes, not args.no_tiles)
+        report["products"] = tile_timings(device, gen, args.formats, args.shapes, not args.no_tiles)
     report["seconds"] = time.perf_counter() - start
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(json.dumps({"layer": report.get("layer"), "check_passed": f"{passed}/{len(checks)}",

@@ -67,6 +67,8 @@ from tinyinfer.runners.triton_common import (
 from tinyinfer.runners.triton_env import INTERPRETED, launches_dependent
 
 BLOCK_N = 16  # weight rows a program reads: each thread holds four, so an input it loads serves four
+SHORT_ROWS, LONG_ROWS = 2048, 8192  # int8 products of up to / from this many inputs: 8 rows by 1024 a step
+SHORT_ROWS_OUTPUTS = 16384  # ... the short ones up to this many outputs (an LM head keeps 16 rows)
 
 
 @triton.jit
@@ -273,17 +275,24 @@ def _fused_quant_kernel(
              SPLIT_K)
 
 
-def pick_config(n: int, k: int, bits: int, processors: int, tma: bool = False, norm: bool = False) -> Config:
+def pick_config(n: int, k: int, bits: int, processors: int, tma: bool = False, norm: bool = False,
+                gated: bool = False) -> Config:
     """The one-row program's tiles, measured fastest on an H100 at the 1B and 8B shapes
-    (docs/quantization.md): BLOCK_N rows by 512 inputs a step on two warps, 3 (int4) or 4 (int8)
-    steps in flight; int4 products without a norm 64 rows by 256 on four warps (1B o 4.8 against
-    5.4 us, down 9.4 against 10.4). K split only while the output tiles leave multiprocessors
-    idle, and never under a norm (each program sums the whole row's squares).
-    n: outputs (a gated product's programs read two rows of each)."""
+    (docs/quantization.md): BLOCK_N rows by 512 inputs a step on two warps, 3 steps in flight
+    for int4 and for int8 products with a norm (8B q|k|v 13.7 against 14.9 us with 4, gate|up 46.6
+    against 49.0), else 4; int4 products without a norm 64 rows by 256 on four warps (1B o 4.8
+    against 5.4 us, down 9.4 against 10.4); int8 products other than gate|up over short rows (K
+    up to SHORT_ROWS, not an LM head's many outputs: the 1B q|k|v and o) or long ones (K from
+    LONG_ROWS: the down products) 8 rows by 1024 (1B q|k|v 6.0 against 7.1, o 4.4 against 5.7,
+    down 9.5 against 11.4; 8B down 24.4 against 24.8; the 1B head 117.3 against 97.1). K split only while the output tiles leave multiprocessors idle, and
+    never under a norm (each program sums the whole row's squares). n: outputs (a gated
+    product's programs read a gate and an up row of each)."""
     if bits == 4 and not norm:
         config = Config(64, 256, num_warps=4, num_stages=4, tma=tma)
+    elif bits == 8 and not gated and ((k <= SHORT_ROWS and n <= SHORT_ROWS_OUTPUTS) or k >= LONG_ROWS):
+        config = Config(8, 1024, num_warps=2, num_stages=4, tma=tma)
     else:
-        config = Config(BLOCK_N, 512, num_warps=2, num_stages=3 if bits == 4 else 4, tma=tma)
+        config = Config(BLOCK_N, 512, num_warps=2, num_stages=3 if bits == 4 or norm else 4, tma=tma)
     return config if norm else with_split(config, 1, n, k, processors, programs_per_processor=1)
 
 
@@ -302,7 +311,7 @@ def fused_gemv(x: Tensor, weight: KernelWeight, bias: Tensor | None = None, *, n
     n = rows // 2 if gated else rows
     if config is None:
         processors, tma = device_traits(x.device)
-        config = pick_config(n, k, bits, processors, tma and tma_fits(weight.words), norm is not None)
+        config = pick_config(n, k, bits, processors, tma and tma_fits(weight.words), norm is not None, gated)
     check_prologue(norm, residual, sum_out, config.split_k)
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(n, config.block_n), config.split_k, m)

@@ -67,7 +67,7 @@ from tinyinfer.runners.triton_common import (
 from tinyinfer.runners.triton_env import INTERPRETED, launches_dependent
 
 BLOCK_N = 16  # weight rows a program reads: each thread holds four, so an input it loads serves four
-SHORT_ROWS, LONG_ROWS = 2048, 8192  # int8 products of up to / from this many inputs: 8 rows by 1024 a step
+SHORT_ROWS, LONG_ROWS = 2048, 8192  # products of up to / from this many inputs: 8 rows by 1024 a step
 SHORT_ROWS_OUTPUTS = 16384  # ... the short ones up to this many outputs (an LM head keeps 16 rows)
 
 
@@ -278,19 +278,21 @@ def _fused_quant_kernel(
 def pick_config(n: int, k: int, bits: int, processors: int, tma: bool = False, norm: bool = False,
                 gated: bool = False) -> Config:
     """The one-row program's tiles, measured fastest on an H100 at the 1B and 8B shapes
-    (docs/quantization.md): BLOCK_N rows by 512 inputs a step on two warps, 3 steps in flight
-    for int4 and for int8 products with a norm (8B q|k|v 13.7 against 14.9 us with 4, gate|up 46.6
-    against 49.0), else 4; int4 products without a norm 64 rows by 256 on four warps (1B o 4.8
-    against 5.4 us, down 9.4 against 10.4); int8 products other than gate|up over short rows (K
-    up to SHORT_ROWS, not an LM head's many outputs: the 1B q|k|v and o) or long ones (K from
-    LONG_ROWS: the down products) 8 rows by 1024 (1B q|k|v 6.0 against 7.1, o 4.4 against 5.7,
-    down 9.5 against 11.4; 8B down 24.4 against 24.8; the 1B head 117.3 against 97.1). K split only while the output tiles leave multiprocessors idle, and
-    never under a norm (each program sums the whole row's squares). n: outputs (a gated
-    product's programs read a gate and an up row of each)."""
-    if bits == 4 and not norm:
+    (docs/quantization.md). Products other than gate|up over short rows (K up to SHORT_ROWS, not
+    an LM head's many outputs: the 1B q|k|v and o) or long ones (K from LONG_ROWS: the down
+    products): 8 rows by 1024 inputs a step on two warps (int8: 1B q|k|v 6.0 against 7.1 us, o
+    4.4 against 5.7, down 9.5 against 11.4, 8B down 24.4 against 24.8; int4: 1B q|k|v 6.1
+    against 6.7, o 4.2 against 4.8, down 8.3 against 9.4, 8B down 17.5 against 19.4; the 1B
+    int8 head 117.3 against 97.1). The others: int4 without a norm 64 rows by 256 on four warps
+    (1B o 4.8 against 5.4 us before the short-row tiles), else BLOCK_N rows by 512 on two warps.
+    3 steps in flight for int4, and for int8 products with a norm (8B q|k|v 13.7 against 14.9
+    us with 4, gate|up 46.6 against 49.0), else 4. K split only while the output tiles leave
+    multiprocessors idle, and never under a norm (each program sums the whole row's squares).
+    n: outputs (a gated product's programs read a gate and an up row of each)."""
+    if not gated and ((k <= SHORT_ROWS and n <= SHORT_ROWS_OUTPUTS) or k >= LONG_ROWS):
+        config = Config(8, 1024, num_warps=2, num_stages=3 if bits == 4 else 4, tma=tma)
+    elif bits == 4 and not norm:
         config = Config(64, 256, num_warps=4, num_stages=4, tma=tma)
-    elif bits == 8 and not gated and ((k <= SHORT_ROWS and n <= SHORT_ROWS_OUTPUTS) or k >= LONG_ROWS):
-        config = Config(8, 1024, num_warps=2, num_stages=4, tma=tma)
     else:
         config = Config(BLOCK_N, 512, num_warps=2, num_stages=3 if bits == 4 or norm else 4, tma=tma)
     return config if norm else with_split(config, 1, n, k, processors, programs_per_processor=1)

@@ -143,9 +143,9 @@ class _Step:
 def quantized_fusion_pays(bits: set[int], hidden_size: int) -> bool:
     """Whether a quantized model's one-row steps run faster through the fused products than
     through the compiled glue and the unfused products, as measured on an H100 (docs/quantization.md):
-    with int8 layers at every size (an 8B layer 96.9 against 101.5 us unfused), with int4 ones up
-    to a hidden size of 2048 (a 1B layer 36.2 against 43.1 us); wider int4 layers are bound by the
-    products' instructions, which the fused products' input work adds to (8B: 81.2 against 70.7).
+    with int8 layers at every size (an 8B layer 94.3 against 100.6 us unfused), with int4 ones up
+    to a hidden size of 2048 (a 1B layer 33.4 against 34.5 us); wider int4 layers are bound by the
+    products' instructions, which the fused products' input work adds to (8B: 73.5 against 70.9).
     ``bits``: the quantized layers' code widths."""
     return bits <= {8} or hidden_size <= 2048
 

@@ -29,9 +29,9 @@ Why they are the default only for some quantized models (measured on an H100,
 docs/quantization.md): a fused program does, for every input its words meet, what the glue
 kernel does once (load, add, round, square, normalise, sum), repeated by every thread that holds
 another row of its tile, against a glue kernel of about 3 us before each unfused product. int8
-products, bound by bandwidth rather than instructions, absorb that work (an 8B layer 96.9 against
-101.5 us unfused); so do small int4 layers, where the glue kernels weigh most (a 1B layer 36.2
-against 43.1 us). Large int4 layers do not (8B: 81.2 against 70.7-72.5 us): the one-row int4
+products, bound by bandwidth rather than instructions, absorb that work (an 8B layer 94.3 against
+100.6 us unfused); so do small int4 layers, where the glue kernels weigh most (a 1B layer 33.4
+against 34.5 us). Large int4 layers do not (8B: 73.5 against 70.9 us): the one-row int4
 program is bound by its instructions. ``torch_fast.quantized_fusion_pays`` says which.
 """
 

@@ -77,7 +77,7 @@ def check_format(fmt: str) -> dict[str, Any]:
 
     device = torch.device("cuda")
     rng = np.random.default_rng(CHECK_FORMATS.index(fmt))
-    d, f, qkv_out, vocab = 2048, 8448, 3072, 32000  # f past LONG_ROWS: the int8 down product's long-row tiles
+    d, f, qkv_out, vocab = 2048, 8448, 3072, 32000  # f past LONG_ROWS: the down product's long-row tiles
     shapes = {"qkv": (qkv_out, d), "o": (d, d), "up": (2 * f, d), "down": (d, f), "head": (vocab, d)}
     q, w = {}, {}
     for name, shape in shapes.items():
@@ -203,7 +203,8 @@ def product_configs(fmt: str, shape: tuple[int, int], kind: str, device: torch.d
     n = out_f // 2 if kind == "gate_up" and fused else out_f
     whole = fused and kind in NORMED
     if fused:
-        configs: dict[str, Any] = {"default": Q.pick_config(n, k, bits, processors, tma, whole, kind == "gate_up")}
+        configs: dict[str, Any] = {"default": Q.pick_config(n, k, bits, processors, tma, norm=whole,
+                                                                gated=kind == "gate_up")}
     else:
         configs = {"default": qk.pick_config(1, n, k, bits, processors, tma)}
     if tiles:

@@ -205,8 +205,9 @@ def test_tiles_of_the_fused_products_by_kind_and_shape():
     assert tiles(pick_config(4096, 4096, 8, 132, norm=False, gated=False)) == (16, 512, 2, 4)  # 8B o
     for n, k, norm in ((3072, 2048, True), (2048, 2048, False), (2048, 8192, False), (4096, 14336, False)):
         assert tiles(pick_config(n, k, 8, 132, norm=norm, gated=False)) == (8, 1024, 2, 4)  # 1B q|k|v, o; down
-    assert tiles(pick_config(128256, 2048, 8, 132, norm=True, gated=False)) == (16, 512, 2, 3)  # an LM head of short rows
-    assert tiles(pick_config(4096, 4096, 4, 132, norm=False, gated=False)) == (64, 256, 4, 4)  # int4 without a norm, 8B o
+    # an LM head of short rows keeps 16 rows
+    assert tiles(pick_config(128256, 2048, 8, 132, norm=True, gated=False)) == (16, 512, 2, 3)
+    assert tiles(pick_config(4096, 4096, 4, 132, norm=False, gated=False)) == (64, 256, 4, 4)  # int4, 8B o
     for n, k, norm in ((3072, 2048, True), (2048, 2048, False), (2048, 8192, False), (4096, 14336, False)):
         assert tiles(pick_config(n, k, 4, 132, norm=norm, gated=False)) == (8, 1024, 2, 3)  # int4: 3 in flight
     assert tiles(pick_config(6144, 4096, 4, 132, norm=True, gated=False)) == (16, 512, 2, 3)

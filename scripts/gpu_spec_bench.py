@@ -29,7 +29,9 @@ Sections (each writes its results to OUT/gpu_spec_bench.json as soon as it finis
 * profile  where a speculative cycle's time goes: the oracle at a = 0.8, k = 4 with each draft
            (bf16, and --draft-quantize's), per cycle the draft rounds' span on the device, its
            wait before the verification, the verification's span and the wait after it until
-           the next rounds, against the rounds graph and the verification graph replayed alone
+           the next rounds, against the rounds graph and the verification graph replayed alone;
+           and the host's turn in each cycle (the verification's result on the host to the next
+           rounds replayed) split among the functions that run in it (HostTurns)
 * exactness bf16 greedy speculative vs plain decoding, token for token: the bundled pair with
            and without batch_invariant (every prompt, k = 2, 4, 8), and the oracle's target shape
            with batch_invariant (the oracle drafter over the draft shape, timed as well)
@@ -427,6 +429,116 @@ def cuda_event() -> torch.cuda.Event:
     return event
 
 
+class HostTurns:
+    """The host's turn of each speculative cycle, from the moment the verification's result is
+    on the host to the moment the next rounds' graph is replayed, split among the functions
+    that run in it (each one's time inside the turn, nested ones counted in their callers too):
+    wrappers on the engine's, the draft run's, the scheduler's and the graphs' methods."""
+
+    NAMES = (("engine", "step"), ("engine", "_greedy_advance"), ("engine", "_finish_step"),
+             ("engine", "_run"), ("scheduler", "schedule"), ("engine", "_draft"), ("draft_run", "propose"),
+             ("draft_run", "_catch_up"), ("draft_run", "_reserve"), ("draft_run", "_advance"),
+             ("draft_run", "_propose_greedy"), ("small_runner", "launch_rounds"),
+             ("small_runner", "_round_graphs"), ("graphs", "run"), ("graphs", "_stage"),
+             ("drafter", "fixed_guesses"), ("engine", "_pack"), ("big_runner", "launch_top"),
+             ("engine_module", "make_batch"), ("engine_module", "is_plain_greedy"),
+             ("fast_module", "_uniform_tokens_per_seq"), ("fast_module", "_sat_out_after"),
+             ("fast_module", "_tokens_future"), ("rounds", "__init__"), ("event", "record"),
+             ("event", "synchronize"), ("event", "__new__"), ("pool", "slot"))
+
+    def __init__(self, engine: Engine):
+        from tinyinfer import engine as engine_module
+        from tinyinfer.runners import torch_fast
+        from tinyinfer.runners.torch_graphs import DecodeGraphs
+
+        self.spans: list[tuple[str, float, float]] = []
+        self.turn_marks: list[tuple[str, float]] = []  # ("result", t) / ("replay", t)
+        owners = {"engine": engine, "scheduler": engine.scheduler, "draft_run": engine.draft_run,
+                  "small_runner": engine.draft_run.runner, "big_runner": engine.model.runner,
+                  "drafter": engine.drafter, "graphs": DecodeGraphs, "engine_module": engine_module,
+                  "fast_module": torch_fast, "rounds": Rounds, "event": torch.cuda.Event,
+                  "pool": engine.draft_run.pool}
+        self.installed: list[tuple[object, str, object]] = []
+        for owner_name, method in self.NAMES:
+            self._wrap(owners[owner_name], method, f"{owner_name}.{method}")
+        # the verification's result reaching the host, and the rounds graph's replay call
+        self._wrap_result_marks(engine)
+
+    def _wrap(self, owner, method: str, label: str, mark: str | None = None) -> None:
+        original = getattr(owner, method, None)
+        if original is None:  # a runner without it (the NumPy runner, in a dry run on a CPU)
+            return
+        spans, marks = self.spans, self.turn_marks
+
+        @functools.wraps(original)
+        def wrapped(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                end = time.perf_counter()
+                spans.append((label, start, end))
+                if mark is not None:
+                    marks.append((mark, end))
+
+        self.installed.append((owner, method, owner.__dict__.get(method)))
+        setattr(owner, method, wrapped)
+
+    def _wrap_result_marks(self, engine: Engine) -> None:
+        runner, marks = engine.model.runner, self.turn_marks
+        launch_top = runner.launch_top
+
+        def launch_top_marked(*args, **kwargs):
+            future = launch_top(*args, **kwargs)
+            wait = future.result
+
+            def result():
+                value = wait()
+                marks.append(("result", time.perf_counter()))
+                return value
+            future.result = result
+            return future
+
+        self.installed.append((runner, "launch_top", runner.__dict__.get("launch_top")))
+        runner.launch_top = launch_top_marked
+        from torch.cuda import CUDAGraph
+
+        replay = CUDAGraph.replay
+
+        def replay_marked(graph):
+            marks.append(("replay", time.perf_counter()))
+            return replay(graph)
+
+        self.installed.append((CUDAGraph, "replay", CUDAGraph.__dict__.get("replay")))
+        CUDAGraph.replay = replay_marked
+
+    def remove(self) -> None:
+        for owner, method, original in reversed(self.installed):
+            if original is None:
+                delattr(owner, method)
+            else:
+                setattr(owner, method, original)
+
+    def breakdown(self) -> dict:
+        """Medians over the cycles, in microseconds: the turn, and each function's time in it."""
+        turns = []
+        marks = self.turn_marks
+        for (kind, t), nxt in zip(marks, marks[1:]):
+            if kind == "result" and nxt[0] == "replay":
+                turns.append((t, nxt[1]))
+        per_turn = []
+        for begin, end in turns:
+            row = {"turn": end - begin}
+            for label, a, b in self.spans:
+                inside = min(b, end) - max(a, begin)
+                if inside > 0:
+                    row[label] = row.get(label, 0.0) + inside
+            per_turn.append(row)
+        labels = sorted({k for row in per_turn for k in row})
+        return {"turns": len(per_turn),
+                **{k: 1e6 * float(np.median([row.get(k, 0.0) for row in per_turn])) for k in labels}}
+
+
 def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int]],
                   params: SamplingParams) -> dict:
     """Per speculative cycle at k = 4 (the draft's rounds, one launch_rounds, then the target's
@@ -460,11 +572,13 @@ def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int
 
     prompt_no = [0]
     small.runner.launch_rounds, big.runner.launch_top = timed_rounds, timed_top
+    host = HostTurns(engine)
     try:
         for i, p in enumerate(prompts):
             prompt_no[0] = i
             engine.generate([p], params)
     finally:
+        host.remove()
         del small.runner.launch_rounds, big.runner.launch_top
     torch.cuda.synchronize()
     rows = []
@@ -498,6 +612,7 @@ def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int
            "rest_ms": 1e3 * (stats.step_seconds - stats.draft_seconds - stats.verify_seconds)
            / max(stats.verify_steps, 1),
            "token_acceptance": stats.token_acceptance}
+    out["host_turn_us"] = host.breakdown()
     for n in (1, 2):
         cycle, replay = out.get(f"cycle_ms_{n}row"), out.get(f"replay_rounds_{n}row_catch_up_ms")
         if cycle is not None and replay is not None and out["replay_verify_5row_ms"] is not None:

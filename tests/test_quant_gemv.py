@@ -147,13 +147,15 @@ print("ok")
 @pytest.mark.parametrize("name, fmt", [("llama-gqa-untied", "int4-g32+head"), ("qwen2-bias", "int8")])
 def test_runner_decodes_quantized_models_through_the_fused_products(name, fmt, oracle_model):
     """A model quantized in the Triton kernels' layout (with its head, and a tied one without):
-    prefill, then batch-1 decode steps through the fused products (decode_products="triton",
-    under Triton's CPU interpreter), against the same runner through its unfused quantized
+    prefill, then batch-1 decode steps, a step of both sequences and a step of one sequence's two
+    tokens through the fused products (decode_products="triton", under Triton's CPU interpreter;
+    two rows run the products' row axis), against the same runner through its unfused quantized
     products (kernel_inputs, then the operator)."""
     folder, _ = oracle_model(name)
     a, b = [0, 1, 2, 3], [4, 5, 6, 7]
     steps = [[([5, 9, 2], 0, a, False), ([4, 1], 0, b, False)]]
     steps += [[([7], 3, a, False)], [([31], 2, b, False)]]
+    steps += [[([8], 4, a, False), ([6], 3, b, False)], [([3, 9], 5, a, True)]]
     code = f"""
 import numpy as np, torch
 from tinyinfer.model import open_checkpoint

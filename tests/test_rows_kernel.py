@@ -197,8 +197,9 @@ def test_each_step_takes_the_layer_functions_its_rows_call_for(oracle_model):
     one decode row the matrix-vector kernels, two their few-row program, 3..16 rows the row
     kernel, more the compiled functions, prefill chunks (with any decode rows beside them) eager;
     with batch_invariant every step the row kernel, whatever its rows, prefill chunks too.
-    Quantized weights have neither the few-row program nor the row kernel: their steps of 2..16
-    rows run the compiled functions, and batch_invariant is refused for them."""
+    Quantized weights run two rows (one sequence's two tokens too) through the fused products'
+    row axis and have no row kernel: their steps of 3..16 rows run the compiled functions, and
+    batch_invariant is refused for them."""
     folder, _ = oracle_model("llama-gqa-untied")
     code = f"""
 import tinyinfer
@@ -232,7 +233,9 @@ for entries in (decoding(1), decoding(2), decoding(FUSED_MAX_ROWS + 1), decoding
     assert fns(invariant, entries) is invariant._fused["rows"]
 quantized = load(quantize="int8", quant_kernel="triton")
 assert fns(quantized, decoding(1)) is quantized._fused["gemv"]
-assert fns(quantized, decoding(2)) is quantized._decode_fns and quantized.few_rows == 1
+assert fns(quantized, decoding(2)) is quantized._fused["few"] and quantized.few_rows == 2
+assert fns(quantized, decoding(1, tokens=2)) is quantized._fused["few"]  # a draft's two-token catch-up
+assert fns(quantized, decoding(3)) is quantized._decode_fns
 try:
     load(quantize="int8", quant_kernel="triton", decode_attention="triton", batch_invariant=True)
 except TinyInferError as error:

@@ -78,7 +78,10 @@ MAX_DECODE_TOKENS = 17
 # few-row program (both rows multiplied by each tile of weights it reads; FEW_ROWS), then up to
 # FUSED_MAX_ROWS the batch-invariant row kernel (torch_triton_rows), one tile of 16 rows: past it
 # the row kernel reads the weights once per 16 rows and cuBLAS is faster. With batch_invariant
-# every step runs the row kernel.
+# every step runs the row kernel. Two rows of int8 / int4 weights run the fused products too, a
+# program per row, a tile's rows side by side so the second reads the words from L2 (an H100,
+# 8B int8 + head step: 4.15 against 5.29 ms through the compiled functions; docs/quantization.md);
+# more rows the compiled functions (the matrix units read the words once for 16 rows).
 FUSED_MAX_ROWS = 16
 # The most tokens per sequence of the step before greedy rounds that ``launch_rounds`` runs as one
 # function (and graph): a draft's catch-up of one token, or two (its last guess and the target's
@@ -207,16 +210,16 @@ class TorchRunner:
         # may start as the q|k|v product ends (programmatic dependent launch, where the card has it)
         self._fused_attention = self.decode_attention
         self._fused: dict[str, tuple[Callable[..., Any], ...]] = {}
-        # steps of 2..few_rows rows take the few-row program (torch_triton_gemv.FEW_ROWS; 1: none)
+        # steps of 2..few_rows rows take the fused products' few-row functions ("few": for 16-bit
+        # weights the few-row program, for int8 / int4 a program per row; 1: none)
         self.few_rows = 1
         if self.decode_products == "triton":
             from tinyinfer.runners.torch_triton_gemv import FEW_ROWS
 
             self._fused = self._fused_layer_fns()
             self.few_rows = FEW_ROWS
-            if fusable == "quantized":  # the row kernel and few-row program read 16-bit weights only
+            if fusable == "quantized":  # the row kernel reads 16-bit weights only
                 del self._fused["rows"]
-                self.few_rows = 1
                 if isinstance(self.w.head, layers.KernelWeight):
                     # a quantized head's product runs faster unfused, after the compiled norm
                     # (an H100: 96.8 against 117.3 us for the 8B int4 head, docs/quantization.md)
@@ -527,8 +530,8 @@ class TorchRunner:
         batch_invariant, every step the row kernel, prefill chunks too, whatever its rows, so
         that a row is computed as it is alone (the prefill attention cuts each sequence into its
         own tiles, and the decode attention then splits every context alike). Quantized weights
-        have neither the few-row program nor the row kernel: their steps of more than one
-        row run the compiled functions."""
+        run two rows through the products' row axis and have no row kernel: their steps of more
+        than two rows run the compiled functions."""
         rows = len(step.token_ids)
         if self.batch_invariant:
             return self._fused["rows"], self._fused_attention
@@ -714,6 +717,8 @@ def _uniform_tokens_per_seq(batch: Batch) -> int | None:
 
 def _sat_out_after(rounds: Rounds, num_rounds: int) -> Rounds:
     """``rounds`` followed by rounds that every sequence sits out, up to ``num_rounds``."""
+    if rounds.num_rounds == num_rounds:
+        return rounds
     extra = np.full((num_rounds - rounds.num_rounds, rounds.positions.shape[1]), -1, dtype=np.int64)
     return Rounds(np.concatenate([rounds.positions, extra]), np.concatenate([rounds.slots, extra]))
 

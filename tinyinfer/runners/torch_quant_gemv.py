@@ -166,12 +166,12 @@ def _step(acc, acc_u, acc_shift, acc_shift_u, squares, words, words_u, scale, sh
 
 
 @triton.jit
-def _tiles(words_ptr, scales_ptr, offsets_ptr, row_at, up_at, n, n_ok, N, block, g, kw, k_ok, num_groups,
+def _tiles(words_ptr, scales_ptr, offsets_ptr, row_at, up_at, row0, n, n_ok, N, block, g, kw, k_ok, num_groups,
            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr, SPAN_WORDS: tl.constexpr,
            GROUP: tl.constexpr, BASE: tl.constexpr, ZERO: tl.constexpr, HAS_OFFSETS: tl.constexpr,
            GATED: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr):
-    """Loop step ``block``'s words, scales and shifts of rows n (and of up rows N + n: GATED)."""
-    row0 = tl.program_id(0) * BLOCK_N
+    """Loop step ``block``'s words, scales and shifts of rows n, the first row0 (and of up rows
+    N + n: GATED)."""
     words = word_tile(words_ptr, row_at, n_ok, row0, block, kw, k_ok, BLOCK_N, GROUPS_PER_BLOCK, SPAN_WORDS,
                       EVEN, TMA)
     scale, shift = scale_shift(scales_ptr, offsets_ptr, n, n_ok, block, g, num_groups, BLOCK_K, GROUP, BASE, ZERO,
@@ -197,17 +197,22 @@ def _fused_quant_kernel(
     TMA: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr,
 ):
     """out[m, n] = epilogue(sum_k W[n, k] prologue(x[m])[k]), W [N (2N: GATED), K] from packed
-    codes. Programs: (N tiles, splits, rows). Prologue and epilogue as ``torch_triton_gemv``'s."""
+    codes. Programs: (N tiles x rows, splits), the rows of one tile side by side, so that they
+    run together and the words the first reads from memory reach the others from L2. Prologue
+    and epilogue as ``torch_triton_gemv``'s."""
     PER: tl.constexpr = 32 // BITS
     BASE: tl.constexpr = 128 if BITS == 4 else 384
     BLOCK_WORDS: tl.constexpr = BLOCK_K // PER
     GROUP_WORDS: tl.constexpr = GROUP // PER if GROUP > 0 else ROW_WORDS
     row_words = ROW_WORDS
-    pid_n = tl.program_id(0)
+    tile = tl.program_id(0)
     pid_k = tl.program_id(1)
-    m = tl.program_id(2)
+    rows = tl.num_programs(0) // tl.cdiv(N, BLOCK_N)
+    pid_n = tile // rows
+    m = tile % rows
     dtype = x_ptr.dtype.element_ty
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row0 = pid_n * BLOCK_N
+    n = row0 + tl.arange(0, BLOCK_N)
     n_ok = n < N
     g = tl.arange(0, GROUPS_PER_BLOCK)
     w = tl.arange(0, SPAN_WORDS)
@@ -222,7 +227,7 @@ def _fused_quant_kernel(
     kw = first * BLOCK_WORDS + g[:, None] * SPAN_WORDS + w[None, :]  # [G, W] word columns
     k_ok = kw < row_words
     words, words_u, scale, shift, scale_u, shift_u = _tiles(
-        words_ptr, scales_ptr, offsets_ptr, row_at, up_at, n, n_ok, N, first, g, kw, k_ok, num_groups, BLOCK_N,
+        words_ptr, scales_ptr, offsets_ptr, row_at, up_at, row0, n, n_ok, N, first, g, kw, k_ok, num_groups, BLOCK_N,
         BLOCK_K, GROUPS_PER_BLOCK, SPAN_WORDS, GROUP, BASE, ZERO, HAS_OFFSETS, GATED, EVEN, TMA)
     wait_for_previous(PDL)
     if PAIRS:  # the rows read and written as 32-bit words, two inputs each
@@ -254,7 +259,7 @@ def _fused_quant_kernel(
         kw = block * BLOCK_WORDS + g[:, None] * SPAN_WORDS + w[None, :]
         k_ok = kw < row_words
         words, words_u, scale, shift, scale_u, shift_u = _tiles(
-            words_ptr, scales_ptr, offsets_ptr, row_at, up_at, n, n_ok, N, block, g, kw, k_ok, num_groups,
+            words_ptr, scales_ptr, offsets_ptr, row_at, up_at, row0, n, n_ok, N, block, g, kw, k_ok, num_groups,
             BLOCK_N, BLOCK_K, GROUPS_PER_BLOCK, SPAN_WORDS, GROUP, BASE, ZERO, HAS_OFFSETS, GATED, EVEN, TMA)
         base, place = group_words(block, g, w, BLOCK_WORDS, SPAN_WORDS, GROUP_WORDS, GROUP)
         acc, acc_u, acc_shift, acc_shift_u, squares = _step(
@@ -270,7 +275,7 @@ def _fused_quant_kernel(
         rstd = tl.rsqrt(tl.sum(tl.sum(squares, axis=1), axis=0) / K + eps)
         gate *= rstd
         up *= rstd
-    epilogue(gate, up, n, n_ok, m, tl.num_programs(2), m * tl.num_programs(0) + pid_n, N,
+    epilogue(gate, up, n, n_ok, m, rows, tile, N,
              bias_ptr, add_ptr, out_ptr, partial_ptr, counters_ptr, dtype, HAS_BIAS, GATED, ADD_OUT,
              SPLIT_K)
 
@@ -319,8 +324,8 @@ def fused_gemv(x: Tensor, weight: KernelWeight, bias: Tensor | None = None, *, n
                              gated=gated)
     check_prologue(norm, residual, sum_out, config.split_k)
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
-    grid = (triton.cdiv(n, config.block_n), config.split_k, m)
-    partial, counters = split_buffers(config.split_k, m, 2 * n if gated else n, grid[0] * grid[2], out)
+    grid = (triton.cdiv(n, config.block_n) * m, config.split_k)  # a tile's rows side by side
+    partial, counters = split_buffers(config.split_k, m, 2 * n if gated else n, grid[0], out)
     group = weight.group_size
     span = config.block_k if group == k else min(group, config.block_k)  # inputs of one group in a step
     blocks = triton.cdiv(k, config.block_k)

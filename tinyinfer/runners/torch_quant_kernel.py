@@ -154,7 +154,9 @@ def _quant_matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     DOT: tl.constexpr, IEEE: tl.constexpr, EVEN: tl.constexpr, STAGES: tl.constexpr, TMA: tl.constexpr,
 ):
-    """out[M, N] = x @ W^T, W [N, K] from packed codes. Programs: (N tiles, splits, M tiles).
+    """out[M, N] = x @ W^T, W [N, K] from packed codes. Programs: (N tiles x M tiles, splits),
+    the M tiles of one N tile side by side, so that they run together and the words the first
+    reads from memory reach the others from L2.
 
     x comes in float32 as [M, PER, K / PER], x[m, j, i] the input code j of word i meets
     (``torch_layers.kernel_inputs``), so the inputs that meet code j of consecutive words lie
@@ -166,9 +168,11 @@ def _quant_matmul_kernel(
     row_words = ROW_WORDS  # a constant: the inputs of code j sit at a fixed offset from code 0's
     BASE: tl.constexpr = 128 if BITS == 4 else 384
     BLOCK_WORDS: tl.constexpr = BLOCK_K // PER
-    pid_n = tl.program_id(0)
+    tile_id = tl.program_id(0)
     pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
+    m_tiles = tl.cdiv(M, BLOCK_M)
+    pid_n = tile_id // m_tiles
+    pid_m = tile_id % m_tiles
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -231,7 +235,6 @@ def _quant_matmul_kernel(
     else:
         tl.store(partial_ptr + pid_k * M * N + out_at, result, mask=out_ok)
         tl.debug_barrier()  # every thread's partial is issued before the count goes up
-        tile_id = pid_m * tl.num_programs(0) + pid_n
         done = tl.atomic_add(counters_ptr + tile_id, 1)  # acquire-release, GPU scope
         if done == SPLIT_K - 1:  # the last of the tile's programs adds the partials
             total = tl.zeros_like(result)
@@ -328,10 +331,10 @@ def quant_matmul(x: Tensor, xsum: Tensor, words: Tensor, scales: Tensor, offsets
         config = pick_config(m, n, k, bits, processors, tma and tma_fits(words))
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     block_m = rows_per_tile(m, config)
-    grid = (triton.cdiv(n, config.block_n), config.split_k, triton.cdiv(m, block_m))
+    grid = (triton.cdiv(n, config.block_n) * triton.cdiv(m, block_m), config.split_k)
     if config.split_k > 1:
         partial = torch.empty((config.split_k, m, n), dtype=torch.float32, device=x.device)
-        counters = split_counters(grid[0] * grid[2], x.device)
+        counters = split_counters(grid[0], x.device)
     else:
         partial = counters = out  # unused
     # Inputs of one group inside a loop step; a row that is one group (per-row int8) is one

@@ -435,7 +435,7 @@ class HostTurns:
     that run in it (each one's time inside the turn, nested ones counted in their callers too):
     wrappers on the engine's, the draft run's, the scheduler's and the graphs' methods."""
 
-    NAMES = (("engine", "step"), ("engine", "_greedy_advance"), ("engine", "_finish_step"),
+    NAMES = (("engine", "generate"), ("engine", "step"), ("engine", "_greedy_advance"), ("engine", "_finish_step"),
              ("engine", "_run"), ("scheduler", "schedule"), ("engine", "_draft"), ("draft_run", "propose"),
              ("draft_run", "_catch_up"), ("draft_run", "_reserve"), ("draft_run", "_advance"),
              ("draft_run", "_propose_greedy"), ("small_runner", "launch_rounds"),
@@ -536,7 +536,20 @@ class HostTurns:
             per_turn.append(row)
         labels = sorted({k for row in per_turn for k in row})
         return {"turns": len(per_turn),
-                **{k: 1e6 * float(np.median([row.get(k, 0.0) for row in per_turn])) for k in labels}}
+                **{k: 1e6 * float(np.median([row.get(k, 0.0) for row in per_turn])) for k in labels},
+                "requests": self.requests()}
+
+    def requests(self) -> list[dict]:
+        """Each request (a generate call): its milliseconds, its steps', the first three and the
+        last three steps' (the prompt's prefill and the draft's first catch-up come first)."""
+        out = []
+        for label, begin, end in self.spans:
+            if label != "engine.generate":
+                continue
+            steps = [1e3 * (b - a) for name, a, b in self.spans if name == "engine.step" and begin <= a and b <= end]
+            out.append({"ms": 1e3 * (end - begin), "steps": len(steps), "steps_ms": sum(steps),
+                        "first_ms": steps[:3], "last_ms": steps[-3:], "median_ms": float(np.median(steps))})
+        return out
 
 
 def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int]],

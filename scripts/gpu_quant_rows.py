@@ -17,34 +17,22 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from tinyinfer.bench import shapes as bs
-from tinyinfer.runners.runner import make_batch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_spec_bench import replay_ms  # noqa: E402
+
+from tinyinfer.bench import shapes as bs  # noqa: E402
+from tinyinfer.runners.runner import make_batch  # noqa: E402
 
 CASES = (("llama-3.2-1b", "int4"), ("llama-3.2-1b", "int8"), ("llama-3-8b", "int8"), ("llama-3-8b", "int4"),
          ("llama-3-8b", None), ("llama-3.2-1b", None))
 STEPS = ((1, 1), (1, 2), (2, 1), (3, 1), (1, 5), (4, 1), (8, 1))  # (sequences, tokens each)
-
-
-def replay_ms(graphs, size: int, repeats: int = 50) -> float:
-    """Median device time of one replay of a captured step (CUDA events, back to back)."""
-    graph, _ = graphs.graphs[size]
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(repeats):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(np.median(times))
 
 
 def steps_ms(runner) -> dict:

@@ -6,10 +6,11 @@ row axis against the compiled functions, bf16 beside them.
 For each preset shape and format (random codes, the LM head quantized too) a runner steps batches
 of b sequences with q new tokens each (b = 1..8 at q = 1: decoding; q = 2 and 5 for one sequence:
 a draft's catch-up, a verification of 4 guesses), each step captured once as a CUDA graph, then
-replayed alone: the median of 50 replays timed with CUDA events. ``few1`` runs steps of two or
-more rows through the compiled functions (the unfused products, whose matrix units take up to
-16 rows a tile), ``few8`` through the fused products (a program per row, a tile's rows side by
-side) up to 8 rows; the runner's default is ``few_rows`` (torch_fast). bf16 runs its default.
+replayed alone: the median of 50 replays timed with CUDA events. Where the fused products run,
+``few1`` runs steps of two or more rows through the compiled functions (the unfused products,
+whose matrix units take up to 16 rows a tile) and ``few8`` through the fused products (a program
+per row, a tile's rows side by side) up to 8 rows; the runner's default is ``few_rows``
+(torch_fast.QUANT_FEW_ROWS). bf16, and quantized layers that stay unfused, run their default.
 """
 
 from __future__ import annotations
@@ -52,17 +53,22 @@ def steps_ms(runner) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True, help="a folder (made if missing) for gpu_quant_rows.json")
+    parser.add_argument("--cases", nargs="+", default=[f"{shape}:{fmt or 'bf16'}" for shape, fmt in CASES],
+                        help="shape:format pairs to run (default: all of CASES)")
     args = parser.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     path = Path(args.out) / "gpu_quant_rows.json"
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                      "date": time.strftime("%Y-%m-%d"), "rows": {}}
-    for shape, fmt in CASES:
+    for case in args.cases:
+        shape, fmt = case.split(":")
+        fmt = None if fmt == "bf16" else fmt
         model, _ = bs.shape_models(shape, "cuda", "bfloat16", quantize=fmt, quantize_head=fmt is not None)
         runner = model.runner
         label = f"{shape} {fmt + '+head' if fmt else 'bf16'}"
         row = {"decode_products": runner.decode_products, "few_rows": runner.few_rows}
-        for few in ((1, 8) if fmt else (runner.few_rows,)):
+        # few8 differs from few1 only where the fused products run (not the unfused 8B int4 layers)
+        for few in ((1, 8) if fmt and runner.decode_products == "triton" else (runner.few_rows,)):
             runner.few_rows = few
             row[f"few{few}"] = steps_ms(runner)
             gc.collect()

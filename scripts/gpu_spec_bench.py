@@ -459,10 +459,14 @@ class HostTurns:
                   "fast_module": torch_fast, "rounds": Rounds, "event": torch.cuda.Event,
                   "pool": engine.draft_run.pool}
         self.installed: list[tuple[object, str, object]] = []
-        for owner_name, method in self.NAMES:
-            self._wrap(owners[owner_name], method, f"{owner_name}.{method}")
-        # the verification's result reaching the host, and the rounds graph's replay call
-        self._wrap_result_marks(engine)
+        try:
+            for owner_name, method in self.NAMES:
+                self._wrap(owners[owner_name], method, f"{owner_name}.{method}")
+            # the verification's result reaching the host, and the rounds graph's replay call
+            self._wrap_result_marks(engine)
+        except BaseException:
+            self.remove()
+            raise
 
     def _wrap(self, owner, method: str, label: str, mark: str | None = None) -> None:
         original = getattr(owner, method, None)
@@ -547,6 +551,8 @@ class HostTurns:
             if label != "engine.generate":
                 continue
             steps = [1e3 * (b - a) for name, a, b in self.spans if name == "engine.step" and begin <= a and b <= end]
+            if not steps:
+                continue
             out.append({"ms": 1e3 * (end - begin), "steps": len(steps), "steps_ms": sum(steps),
                         "first_ms": steps[:3], "last_ms": steps[-3:], "median_ms": float(np.median(steps))})
         return out
@@ -585,13 +591,15 @@ def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int
 
     prompt_no = [0]
     small.runner.launch_rounds, big.runner.launch_top = timed_rounds, timed_top
-    host = HostTurns(engine)
+    host = None
     try:
+        host = HostTurns(engine)
         for i, p in enumerate(prompts):
             prompt_no[0] = i
             engine.generate([p], params)
     finally:
-        host.remove()
+        if host is not None:
+            host.remove()
         del small.runner.launch_rounds, big.runner.launch_top
     torch.cuda.synchronize()
     rows = []

@@ -150,7 +150,7 @@ def test_runner_decodes_quantized_models_through_the_fused_products(name, fmt, o
     prefill, then batch-1 decode steps, a step of both sequences and a step of one sequence's two
     tokens through the fused products (decode_products="triton", under Triton's CPU interpreter;
     two rows run the products' row axis), against the same runner through its unfused quantized
-    products (kernel_inputs, then the operator)."""
+    products (kernel_inputs, then the Triton product)."""
     folder, _ = oracle_model(name)
     a, b = [0, 1, 2, 3], [4, 5, 6, 7]
     steps = [[([5, 9, 2], 0, a, False), ([4, 1], 0, b, False)]]

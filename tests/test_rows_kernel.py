@@ -198,7 +198,7 @@ def test_each_step_takes_the_layer_functions_its_rows_call_for(oracle_model):
     kernel, more the compiled functions, prefill chunks (with any decode rows beside them) eager;
     with batch_invariant every step the row kernel, whatever its rows, prefill chunks too.
     Quantized weights run two rows (one sequence's two tokens too) through the fused products'
-    row axis and have no row kernel: their steps of 3..16 rows run the compiled functions, and
+    row axis, a quantized head unfused at one row and two, and have no row kernel: their steps of 3..16 rows run the compiled functions, and
     batch_invariant is refused for them."""
     folder, _ = oracle_model("llama-gqa-untied")
     code = f"""
@@ -236,6 +236,10 @@ assert fns(quantized, decoding(1)) is quantized._fused["gemv"]
 assert fns(quantized, decoding(2)) is quantized._fused["few"] and quantized.few_rows == 2
 assert fns(quantized, decoding(1, tokens=2)) is quantized._fused["few"]  # a draft's two-token catch-up
 assert fns(quantized, decoding(3)) is quantized._decode_fns
+headed = load(quantize="int8", quantize_head=True, quant_kernel="triton")
+# a quantized head's product runs unfused (after the compiled norm) at one row and at two
+assert headed._fused["gemv"][2] is headed._decode_fns[2] and headed._fused["few"][2] is headed._decode_fns[2]
+assert quantized._fused["few"][2] is not quantized._decode_fns[2]  # a 16-bit head: fused
 try:
     load(quantize="int8", quant_kernel="triton", decode_attention="triton", batch_invariant=True)
 except TinyInferError as error:

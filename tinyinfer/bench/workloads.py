@@ -232,14 +232,11 @@ def speculative_prompts(model: Model, task: str, count: int = 8, seed: int = 0) 
 
 def greedy_alone(engine: Engine, prompts: list[list[int]], max_tokens: int,
                  label: str = "plain") -> tuple[list[list[int]], float]:
-    """Greedy decode of each prompt alone after an untimed pass over every prompt (compilation,
-    graphs and caches for each prompt's shapes: one warm-up prompt left the one-off work of the
-    shapes it did not meet in the timed pass, docs/benchmarks.md): the outputs and the seconds
-    they took."""
+    """Greedy decode of each prompt alone after one warm-up prompt (compilation, graphs,
+    caches): the outputs and the seconds they took."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     with progress.task(f"{label}: prompts", total=len(prompts)) as advance:
-        for p in prompts:
-            engine.generate([p], params)
+        engine.generate([prompts[0]], params)
         engine.spec_stats = SpeculativeStats()
         start = time.perf_counter()
         outputs = []
@@ -253,7 +250,7 @@ def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_
                       num_draft: int = 4,
                       plain: tuple[list[list[int]], float] | None = None,
                       plain_async: tuple[list[list[int]], float] | None = None) -> SpeculativeResult:
-    """Greedy decode of each prompt alone, plain vs speculative (each after an untimed pass).
+    """Greedy decode of each prompt alone, plain vs speculative (warmed up once each).
 
     Plain decoding twice: as the speculative engine steps (each step's tokens read before the
     next is launched), and with asynchronous scheduling, its fastest. ``plain``, ``plain_async``:

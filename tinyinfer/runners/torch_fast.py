@@ -78,11 +78,14 @@ MAX_DECODE_TOKENS = 17
 # few-row program (both rows multiplied by each tile of weights it reads; FEW_ROWS), then up to
 # FUSED_MAX_ROWS the batch-invariant row kernel (torch_triton_rows), one tile of 16 rows: past it
 # the row kernel reads the weights once per 16 rows and cuBLAS is faster. With batch_invariant
-# every step runs the row kernel. Two rows of int8 / int4 weights run the fused products too, a
-# program per row, a tile's rows side by side so the second reads the words from L2 (an H100,
-# 8B int8 + head step: 4.15 against 5.29 ms through the compiled functions; docs/quantization.md);
-# more rows the compiled functions (the matrix units read the words once for 16 rows).
+# every step runs the row kernel.
 FUSED_MAX_ROWS = 16
+# Steps of up to this many rows of int8 / int4 weights run the fused products, a program per row,
+# a tile's rows side by side so the second reads the words from L2 (an H100, 8B int8 + head, two
+# sequences: 4.22 against 5.32 ms through the compiled functions; docs/quantization.md); more
+# rows the compiled functions (from three rows the matrix units, which read the words once for
+# 16 rows, are faster: 5.45 against 6.81 ms).
+QUANT_FEW_ROWS = 2
 # The most tokens per sequence of the step before greedy rounds that ``launch_rounds`` runs as one
 # function (and graph): a draft's catch-up of one token, or two (its last guess and the target's
 # bonus token, when every guess was kept). Longer ones (a prompt) go round by round.
@@ -210,8 +213,8 @@ class TorchRunner:
         # may start as the q|k|v product ends (programmatic dependent launch, where the card has it)
         self._fused_attention = self.decode_attention
         self._fused: dict[str, tuple[Callable[..., Any], ...]] = {}
-        # steps of 2..few_rows rows take the fused products' few-row functions ("few": for 16-bit
-        # weights the few-row program, for int8 / int4 a program per row; 1: none)
+        # steps of 2..few_rows rows take the fused products' "few" functions (16-bit weights: the
+        # few-row program, FEW_ROWS; int8 / int4: a program per row, QUANT_FEW_ROWS; 1: none)
         self.few_rows = 1
         if self.decode_products == "triton":
             from tinyinfer.runners.torch_triton_gemv import FEW_ROWS
@@ -220,11 +223,13 @@ class TorchRunner:
             self.few_rows = FEW_ROWS
             if fusable == "quantized":  # the row kernel reads 16-bit weights only
                 del self._fused["rows"]
+                self.few_rows = QUANT_FEW_ROWS
                 if isinstance(self.w.head, layers.KernelWeight):
                     # a quantized head's product runs faster unfused, after the compiled norm
                     # (an H100: 96.8 against 117.3 us for the 8B int4 head, docs/quantization.md)
-                    attention_input, mlp_block, _ = self._fused["gemv"]
-                    self._fused["gemv"] = (attention_input, mlp_block, self._decode_fns[2])
+                    for kind in ("gemv", "few"):
+                        attention_input, mlp_block, _ = self._fused[kind]
+                        self._fused[kind] = (attention_input, mlp_block, self._decode_fns[2])
         if batch_invariant and ("rows" not in self._fused or self.decode_attention_kind != "triton"):
             raise TinyInferError("batch_invariant needs the fused products and the Triton decode "
                                  "attention (decode_products='triton', decode_attention='triton': "
@@ -512,8 +517,9 @@ class TorchRunner:
 
     def _fused_layer_fns(self) -> dict[str, tuple[Callable[..., Any], ...]]:
         """The fused Triton layer functions (decode_products="triton"), by kind: "gemv", the
-        matrix-vector kernels for one-row steps; "few", the same functions for 2..FEW_ROWS rows
-        (their few-row program); "rows", the batch-invariant row kernel."""
+        matrix-vector kernels for one-row steps; "few", the same functions for steps of a few rows
+        (16-bit weights: their few-row program; int8 / int4: a program per row); "rows", the
+        batch-invariant row kernel."""
         from tinyinfer.runners import torch_triton_gemv as gemv
         from tinyinfer.runners import torch_triton_rows as rows
 

@@ -143,7 +143,7 @@ def finish(gate, up, n, n_ok, m, N, bias_ptr, add_ptr, out_ptr, dtype,
 def epilogue(gate, up, n, n_ok, m, rows, tile, N, bias_ptr, add_ptr, out_ptr, partial_ptr,
              counters_ptr, dtype, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
              ADD_OUT: tl.constexpr, SPLIT_K: tl.constexpr):
-    """``finish`` for a program of a grid (N tiles, splits, ...) holding the float32 sums (gate
+    """``finish`` for a program of a grid (its tiles, splits, ...) holding the float32 sums (gate
     and up: GATED) of outputs n of rows m, one of ``rows`` rows the partials hold; ``tile``
     numbers its outputs-and-rows tile. Split K: partials [SPLIT_K, rows, (2) N] in float32; the
     tile's last program to finish (counted with an atomic) adds them in order and finishes."""

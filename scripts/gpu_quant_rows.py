@@ -2,6 +2,7 @@
 row axis against the compiled functions, bf16 beside them.
 
     PYTHONPATH=. python3 scripts/gpu_quant_rows.py --out DIR    # DIR/gpu_quant_rows.json
+        [--cases llama-3-8b:int8 llama-3-8b:bf16 ...]
 
 For each preset shape and format (random codes, the LM head quantized too) a runner steps batches
 of b sequences with q new tokens each (b = 1..8 at q = 1: decoding; q = 2 and 5 for one sequence:
@@ -50,19 +51,25 @@ def steps_ms(runner) -> dict:
     return out
 
 
+def case(text: str) -> tuple[str, str | None]:
+    """A --cases entry, "shape:format" ("llama-3-8b:int8"; bf16: unquantized) -> (shape, format)."""
+    shape, colon, fmt = text.partition(":")
+    if not colon or not shape or not fmt:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected shape:format, e.g. llama-3-8b:int8")
+    return shape, None if fmt == "bf16" else fmt
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True, help="a folder (made if missing) for gpu_quant_rows.json")
-    parser.add_argument("--cases", nargs="+", default=[f"{shape}:{fmt or 'bf16'}" for shape, fmt in CASES],
-                        help="shape:format pairs to run (default: all of CASES)")
+    parser.add_argument("--cases", nargs="+", type=case, default=list(CASES),
+                        help="shape:format pairs to run, bf16 for unquantized weights (default: CASES)")
     args = parser.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     path = Path(args.out) / "gpu_quant_rows.json"
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                      "date": time.strftime("%Y-%m-%d"), "rows": {}}
-    for case in args.cases:
-        shape, fmt = case.split(":")
-        fmt = None if fmt == "bf16" else fmt
+    for shape, fmt in args.cases:
         model, _ = bs.shape_models(shape, "cuda", "bfloat16", quantize=fmt, quantize_head=fmt is not None)
         runner = model.runner
         label = f"{shape} {fmt + '+head' if fmt else 'bf16'}"

@@ -198,8 +198,8 @@ def test_each_step_takes_the_layer_functions_its_rows_call_for(oracle_model):
     kernel, more the compiled functions, prefill chunks (with any decode rows beside them) eager;
     with batch_invariant every step the row kernel, whatever its rows, prefill chunks too.
     Quantized weights run two rows (one sequence's two tokens too) through the fused products'
-    row axis, a quantized head unfused at one row and two, and have no row kernel: their steps of 3..16 rows run the compiled functions, and
-    batch_invariant is refused for them."""
+    row axis, a quantized head unfused at one row and two, and have no row kernel: their steps
+    of 3..16 rows run the compiled functions, and batch_invariant is refused for them."""
     folder, _ = oracle_model("llama-gqa-untied")
     code = f"""
 import tinyinfer

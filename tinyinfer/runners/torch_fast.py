@@ -83,8 +83,8 @@ FUSED_MAX_ROWS = 16
 # Steps of up to this many rows of int8 / int4 weights run the fused products, a program per row,
 # a tile's rows side by side so the second reads the words from L2 (an H100, 8B int8 + head, two
 # sequences: 4.22 against 5.32 ms through the compiled functions; docs/quantization.md); more
-# rows the compiled functions (from three rows the matrix units, which read the words once for
-# 16 rows, are faster: 5.45 against 6.81 ms).
+# rows the compiled functions (from three rows at 8B the matrix units, which read the words once
+# for 16 rows, are faster: 5.45 against 6.81 ms; at 1B three rows were a tie, 1.50 against 1.55).
 QUANT_FEW_ROWS = 2
 # The most tokens per sequence of the step before greedy rounds that ``launch_rounds`` runs as one
 # function (and graph): a draft's catch-up of one token, or two (its last guess and the target's
@@ -226,7 +226,8 @@ class TorchRunner:
                 self.few_rows = QUANT_FEW_ROWS
                 if isinstance(self.w.head, layers.KernelWeight):
                     # a quantized head's product runs faster unfused, after the compiled norm
-                    # (an H100: 96.8 against 117.3 us for the 8B int4 head, docs/quantization.md)
+                    # (an H100: 96.8 against 117.3 us for the 8B int4 head; the 1B int4 + head
+                    # two-row steps 0.92 / 0.94 against 0.97 / 0.99 ms fused; docs/quantization.md)
                     for kind in ("gemv", "few"):
                         attention_input, mlp_block, _ = self._fused[kind]
                         self._fused[kind] = (attention_input, mlp_block, self._decode_fns[2])

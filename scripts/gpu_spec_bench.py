@@ -468,11 +468,11 @@ class HostTurns:
             self.remove()
             raise
 
-    def _wrap(self, owner, method: str, label: str, mark: str | None = None) -> None:
+    def _wrap(self, owner, method: str, label: str) -> None:
         original = getattr(owner, method, None)
         if original is None:  # a runner without it (the NumPy runner, in a dry run on a CPU)
             return
-        spans, marks = self.spans, self.turn_marks
+        spans = self.spans
 
         @functools.wraps(original)
         def wrapped(*args, **kwargs):
@@ -480,10 +480,7 @@ class HostTurns:
             try:
                 return original(*args, **kwargs)
             finally:
-                end = time.perf_counter()
-                spans.append((label, start, end))
-                if mark is not None:
-                    marks.append((mark, end))
+                spans.append((label, start, time.perf_counter()))
 
         self.installed.append((owner, method, owner.__dict__.get(method)))
         setattr(owner, method, wrapped)

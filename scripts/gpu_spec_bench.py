@@ -662,7 +662,14 @@ def main() -> int:
                         help="oracle: each k's first alpha again with the draft rounds launched one by one")
     parser.add_argument("--quick-exactness", action="store_true",
                         help="exactness: the bundled pair alone, k = 4, each of --prompts prompts alone")
+    parser.add_argument("--no-piece-graphs", action="store_true",
+                        help="run the steps no decode graph replays (prompts, a draft's catch-up) "
+                             "kernel by kernel, as before the layers' pieces (torch_pieces), to compare")
     args = parser.parse_args(namespace=ARGS)
+    if args.no_piece_graphs:
+        from tinyinfer.runners.torch_fast import TorchRunner
+
+        TorchRunner._piece_graphs = lambda self, rows: None  # type: ignore[method-assign]
     args.ks = [int(k) for k in args.ks.split(",")]
     args.alphas = [float(a) for a in args.alphas.split(",")]
     Path(args.out).mkdir(parents=True, exist_ok=True)  # a folder: OUT/gpu_spec_bench.json inside it

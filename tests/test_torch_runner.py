@@ -527,3 +527,32 @@ def test_a_rounds_graph_reads_the_step_and_rounds_it_staged(oracle_model):
         out.append(ids)
     assert (out[0] == out[1]).all(), out
     assert out[0][1, 2] == -1 and (out[0][[0, 2]] >= 0).all()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa-untied"])
+def test_the_layers_pieces_compute_each_step_as_the_reference(name, oracle_model, monkeypatch):
+    """Steps no decode graph replays take the layers' pieces on CUDA (``torch_pieces``: each
+    layer's parts before and after its attention, captured per padded token count). Capturing
+    needs CUDA; here the pieces run uncaptured on their buffers: a 20-token prompt padded to
+    32 rows, then the mixed schedule's steps padded to 16 (rows a longer step left behind in
+    the buffers included) give the reference's logits."""
+    from tinyinfer.runners.torch_pieces import PieceGraphs
+
+    folder, _ = oracle_model(name)
+    ref, fast = load_pair(folder)
+    pieces = fast.runner._layer_pieces()
+    monkeypatch.setattr(fast.runner, "_piece_graphs", lambda rows: pieces)
+    vocab = ref.config.vocab_size
+    long = [(np.random.default_rng(2).integers(0, vocab, 20).tolist(), 0, [20, 21, 22, 23, 24], False)]
+    assert_runners_agree(ref.runner, fast.runner, [long, *mixed_schedule(vocab, page_size=4, seed=3)],
+                         page_size=4, tol=1e-4)
+    assert sorted(pieces.pieces) == [16, 32]
+
+
+def test_piece_sizes_pad_a_step_to_the_next_size_up_to_512_tokens():
+    """A step of T tokens replays the pieces of the smallest size that holds it; past the
+    largest size there are none (the runner then runs the step as it is)."""
+    from tinyinfer.runners.torch_pieces import PIECE_TOKEN_SIZES, PieceGraphs
+
+    assert [PieceGraphs.padded_size(t) for t in (1, 16, 17, 129, 200, 512, 513)] == [16, 16, 32, 192, 256, 512, None]
+    assert PIECE_TOKEN_SIZES[-1] == 512

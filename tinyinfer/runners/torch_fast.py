@@ -16,8 +16,10 @@ Same function as ``numpy_ref.NumpyRunner``, arranged for speed:
   verification share one kernel;
 * ``compile=True`` runs the per-layer tensor functions through ``torch.compile`` (fusing
   norms, residual adds and activations); ``cuda_graphs=True`` replays decode and verification
-  steps from CUDA graphs captured per (tokens per sequence, padded batch size). Both default
-  on for CUDA, off for CPU;
+  steps from CUDA graphs captured per (tokens per sequence, padded batch size), and every other
+  step of up to 512 tokens (prefill chunks, mixed steps, a draft's catch-up on a prompt) from
+  graphs of each layer's parts before and after its attention, per padded token count, the
+  attention eager between them (``torch_pieces``). Both default on for CUDA, off for CPU;
 * greedy drafting (``launch_rounds``: a draft model's catch-up step, then k - 1 rounds, each fed
   its argmax of the one before) runs as one function, ``_greedy_rounds``, whose rounds take
   their tokens from the round before on the device, and with ``cuda_graphs`` replays it from
@@ -65,6 +67,7 @@ from tinyinfer.runners.runner import (
 )
 from tinyinfer.runners.torch_graphs import DecodeGraphs
 from tinyinfer.runners.torch_layers import PrefillChunks
+from tinyinfer.runners.torch_pieces import PieceGraphs
 from tinyinfer.runners.torch_weights import DeviceWeights, pick_device, pick_dtype
 
 DECODE_ATTENTION = ("auto", "triton", "torch")
@@ -244,6 +247,7 @@ class TorchRunner:
             self._fused_attention = functools.partial(self.decode_attention, pdl=True, **splits)
         self._greedy_reduce = torch.compile(greedy_reduce) if self.compile else greedy_reduce
         self._announced_compile = False
+        self._pieces: PieceGraphs | None = None  # the layers' pieces, made on a first long step
 
     # ------------------------------------------------------------------ setup
 
@@ -512,7 +516,51 @@ class TorchRunner:
         step = self._step_inputs(batch, kv_cache.page_size)
         if tokens is not None:
             step = dataclasses.replace(step, token_ids=tokens)
+        pieces = self._piece_graphs(batch.num_tokens)
+        if pieces is not None:
+            return self._forward_pieces(step, kv_cache, pieces)
         return self._forward_step(step, kv_cache)
+
+    def _piece_graphs(self, rows: int) -> PieceGraphs | None:
+        """The layers' pieces for a step of ``rows`` tokens that no decode graph replays (a
+        prefill, a mixed step, a catch-up on a prompt): with CUDA graphs, unless
+        batch_invariant (whose prefill rows take the row kernel) or the step is longer than the
+        largest piece size."""
+        if not self.cuda_graphs or self.batch_invariant or PieceGraphs.padded_size(rows) is None:
+            return None
+        if self._pieces is None:
+            self._pieces = self._layer_pieces()
+        return self._pieces
+
+    def _layer_pieces(self) -> PieceGraphs:
+        """Each layer's parts before and after its attention, as the compiled layer functions
+        (eager without compile) compute them; captured on CUDA."""
+        attention_input, mlp_block, _ = self._decode_fns
+        eps, gated, c = self.config.norm_eps, self.config.family == "llama", self.config
+
+        def before(layer: Any) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
+            return lambda x, residual: attention_input(x, residual, *layer.attn_norm, *layer.qkv, eps)
+
+        def after(layer: Any) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
+            return lambda x, attn: mlp_block(x, attn, *layer.o, *layer.mlp_norm, *layer.mlp_in,
+                                             *layer.mlp_out, eps, gated)
+
+        widths = (c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, c.num_heads * c.head_dim)
+        return PieceGraphs([before(layer) for layer in self.w.layers], [after(layer) for layer in self.w.layers],
+                           widths, self.dtype, self.device, capture=self.device.type == "cuda")
+
+    def _forward_pieces(self, step: _Step, kv: TorchKVCache, pieces: PieceGraphs) -> Tensor:
+        """``_forward_step`` through the layers' pieces: embed eagerly, replay each layer's two
+        parts around its attention (eager, on the step's real rows), then the head on the logits
+        rows."""
+        w = self.w
+        x = layers.embedding(w.embed, step.token_ids, self.dtype)  # [T, D]
+        if w.pos_embed is not None:
+            x = x + w.pos_embed[step.positions]
+        x, residual = pieces.run(x, lambda layer, qkv: self._attention(layer, qkv, step, kv))
+        if step.logits_rows is not None:
+            x, residual = x[step.logits_rows], residual[step.logits_rows]
+        return self._decode_fns[2](x, residual, *w.final_norm, w.head, self.config.norm_eps)  # [R, V]
 
     # ------------------------------------------------------------------ the model
 

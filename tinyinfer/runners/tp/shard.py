@@ -63,6 +63,7 @@ from tinyinfer.runners.runner import (
 )
 from tinyinfer.runners.torch_fast import TorchKVCache, TorchRunner, _Step, reduce_top
 from tinyinfer.runners.torch_graphs import DecodeGraphs
+from tinyinfer.runners.torch_pieces import PieceGraphs
 from tinyinfer.runners.torch_weights import random_weights
 from tinyinfer.weights import Bf16Array
 
@@ -430,6 +431,11 @@ class ShardRunner(TorchRunner):
         if graphs is not None:
             self._graph_sets.add(graphs)
         return graphs
+
+    def _piece_graphs(self, rows: int) -> PieceGraphs | None:
+        """None: a shard's layers end in collectives, which TorchRunner's pieces do not hold, so
+        steps that no decode graph replays run as they are."""
+        return None
 
     def launch_rounds(self, batch: Batch, kv: TorchKVCache, rounds: Rounds) -> TokensFuture:
         """One launch per round, not TorchRunner's rounds in one graph, whose collectives the

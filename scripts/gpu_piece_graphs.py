@@ -5,8 +5,9 @@ row's logits), a draft model's catch-up on a prompt followed by greedy rounds (`
 which takes such a step first), and a mixed step (a prompt's chunk beside decoding sequences).
 Each runs with the pieces (the default) and without them (the layers launched one kernel at a
 time, as before), in the same process: the logits of the two (largest difference relative to
-the largest logit, and whether each row's argmax agrees), and the median time the host takes to
-launch the step and the time to its result.
+the largest logit, and whether each row's argmax agrees), the median time the host takes to
+launch the step and the time to its result, and the first call's time (compilation; with the
+pieces, of the first such step of the process, every size's capture).
 
     PYTHONPATH=. python3 scripts/gpu_piece_graphs.py --out DIR [--cases llama-3-8b:bf16 ...]
 
@@ -76,7 +77,11 @@ def measure(case: str, repeats: int) -> dict[str, Any]:
         results = {}
         for on in (False, True):
             pieces(on)
-            for _ in range(3):  # compile, capture, warm
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            launch().result()  # compile; with the pieces, the first step captures every size
+            row["first_call_ms_" + ("pieces" if on else "eager")] = 1e3 * (time.perf_counter() - start)
+            for _ in range(2):
                 launch().result()
             row["pieces" if on else "eager"] = timed(launch, repeats)
             if logits is not None:

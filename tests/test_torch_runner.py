@@ -535,8 +535,8 @@ def test_the_layers_pieces_compute_each_step_as_the_reference(name, oracle_model
     layer's parts before and after its attention, captured per padded token count). Capturing
     needs CUDA; here the pieces run uncaptured on their buffers: a 20-token prompt padded to
     32 rows, then the mixed schedule's steps padded to 16 (rows a longer step left behind in
-    the buffers included) give the reference's logits."""
-    from tinyinfer.runners.torch_pieces import PieceGraphs
+    the buffers included) give the reference's logits; the first step made every size."""
+    from tinyinfer.runners.torch_pieces import PIECE_TOKEN_SIZES
 
     folder, _ = oracle_model(name)
     ref, fast = load_pair(folder)
@@ -546,7 +546,7 @@ def test_the_layers_pieces_compute_each_step_as_the_reference(name, oracle_model
     long = [(np.random.default_rng(2).integers(0, vocab, 20).tolist(), 0, [20, 21, 22, 23, 24], False)]
     assert_runners_agree(ref.runner, fast.runner, [long, *mixed_schedule(vocab, page_size=4, seed=3)],
                          page_size=4, tol=1e-4)
-    assert sorted(pieces.pieces) == [16, 32]
+    assert sorted(pieces.pieces) == list(PIECE_TOKEN_SIZES)  # every size at the first step
 
 
 def test_piece_sizes_pad_a_step_to_the_next_size_up_to_512_tokens():

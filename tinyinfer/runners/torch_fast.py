@@ -204,8 +204,9 @@ class TorchRunner:
         self._eager = (layers.attention_input, layers.mlp_block, layers.final_logits)
         self._decode_fns = self._eager
         if self.compile:
-            # Every runner adds up to two cache entries per function (batch 1, then any batch);
-            # past Dynamo's default limit of 8 it would silently run eager.
+            # Every runner adds a few cache entries per function (one row; the first size it
+            # meets; then any number of rows, the layers' pieces' sizes included); past Dynamo's
+            # default limit of 8 it would silently run eager.
             dynamo_config = torch._dynamo.config
             dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
             self._decode_fns = tuple(torch.compile(fn) for fn in self._eager)
@@ -247,7 +248,8 @@ class TorchRunner:
             self._fused_attention = functools.partial(self.decode_attention, pdl=True, **splits)
         self._greedy_reduce = torch.compile(greedy_reduce) if self.compile else greedy_reduce
         self._announced_compile = False
-        self._pieces: PieceGraphs | None = None  # the layers' pieces, made on a first long step
+        # the layers' pieces, made at the first step no decode graph replays (_piece_graphs)
+        self._pieces: PieceGraphs | None = None
 
     # ------------------------------------------------------------------ setup
 
@@ -577,8 +579,11 @@ class TorchRunner:
                 "rows": (rows.attention_input, rows.mlp_block, rows.final_logits)}
 
     def _layer_fns(self, step: _Step) -> tuple[tuple[Callable[..., Any], ...], Callable[..., Tensor]]:
-        """The layer functions a step runs, and its decode attention. Prefill chunks (compute-
-        bound, shapes that vary every step) run eager, with the decode rows beside them; decode
+        """The layer functions a step runs, and its decode attention, where the step is not
+        replayed from a graph (with CUDA graphs, a step that no decode graph replays runs the
+        compiled functions through the layers' pieces instead: ``_piece_graphs``). Prefill
+        chunks (compute-bound, shapes that vary every step) run eager, with the decode rows
+        beside them; decode
         steps (memory-bound, many small kernels) run the compiled functions, or the fused Triton
         products where they apply: one row the matrix-vector kernel, 2..FEW_ROWS rows its
         few-row program, up to FUSED_MAX_ROWS the batch-invariant row kernel; with

@@ -4,17 +4,20 @@ A decode step replays one CUDA graph (``torch_graphs``). A prefill chunk, a step
 prefill chunks with decoding rows, or a draft model's catch-up on a prompt cannot: how its
 attention runs depends on how many tokens each sequence brings, which changes every step.
 Launched kernel by kernel from Python, such a step of a short prompt costs the host far more
-than the device (an H100's host: 10 ms for the 8B shape's 16-token prompt, 24 ms for a 1B int4
-draft's catch-up on 17 tokens; the device is done in a fraction of that).
+than the device (an H100's host: 26 ms for the 8B shape's 16-token prompt, 37 ms for a 1B int4
+draft's catch-up on 17 tokens and its three rounds; the device is done in a fraction of that).
 
 The layers between two attentions, though, treat every row alike: a residual add, a norm, the
 products, an activation. So, as vLLM's piecewise graphs do, each layer is cut at its attention:
 the part before it (residual add, norm, q|k|v product) and the part after (o product, residual
-add, norm, MLP) are captured once per padded token count (16, 32, ... 512), each reading and
-writing fixed buffers. A step copies its embedded tokens in, pads the rows with zeros and, per
-layer, replays the part before, runs the attention eagerly on its real rows (through the page
-tables, exactly as without graphs), copies the result in and replays the part after. Padding
-rows compute values no real row reads: every operation of a piece works row by row.
+add, norm, MLP) are captured once per padded token count (16, 32, ... 512, every size at the
+first step that needs one), each reading and writing fixed buffers. A step copies its embedded
+tokens in (zeros in the padding rows of x and the residual) and, per layer, replays the part
+before, runs the attention eagerly on its real rows (through the page tables, exactly as without
+graphs), copies the result in and replays the part after. Padding rows compute values no real
+row reads, whatever the buffers held before: every operation of a piece works row by row. (The
+padded count, not the real one, then decides which kernel a quantized product takes: a step of
+200 rows multiplies as one of 256 does.)
 
 Without capture (the CPU, where CI runs) the pieces run as plain calls on the same buffers, so
 the padding and the buffers' flow are checked there against the reference.
@@ -37,6 +40,7 @@ PIECE_TOKEN_SIZES = (16, 32, 64, 128, 192, 256, 384, 512)
 # before(x, residual) -> (x + residual, qkv); after(x, attn) -> (x, the MLP's output)
 Before = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 After = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+Parts = tuple[Callable[[], None], Callable[[], None]]  # a layer's two parts, on one size's rows
 
 
 class PieceGraphs:
@@ -57,8 +61,7 @@ class PieceGraphs:
         self.residual = torch.zeros(most, hidden, dtype=dtype, device=device)
         self.qkv = torch.zeros(most, qkv, dtype=dtype, device=device)
         self.attn = torch.zeros(most, attn, dtype=dtype, device=device)
-        self.pieces: dict[int, list[tuple[Callable[[], None], Callable[[], None]]]] = {}
-        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self.pieces: dict[int, list[Parts]] = {}
         self.pool = None
 
     @staticmethod
@@ -74,8 +77,8 @@ class PieceGraphs:
         size = self.padded_size(rows)
         if size is None:
             raise ValueError(f"a step of {rows} tokens is longer than the largest piece size")
-        if size not in self.pieces:  # first: its warm-up runs write the buffers
-            self.pieces[size] = self._capture(size)
+        if not self.pieces:  # first: the warm-up runs write the buffers
+            self.pieces = self._capture_all()
         self.x[:rows].copy_(x)
         self.x[rows:size].zero_()
         self.residual[:size].zero_()
@@ -85,60 +88,54 @@ class PieceGraphs:
             after()
         return self.x[:rows], self.residual[:rows]
 
-    def release(self) -> None:
-        """Free every captured graph (captured again if run)."""
-        for graph in self.graphs:
-            graph.reset()
-        self.graphs.clear()
-        self.pieces.clear()
-        self.pool = None
-
-    def _calls(self, size: int) -> list[tuple[Callable[[], None], Callable[[], None]]]:
+    def _calls(self, size: int) -> list[Parts]:
         """Each layer's two parts on the first ``size`` rows of the buffers, writing them back."""
         x, residual, qkv, attn = (b[:size] for b in (self.x, self.residual, self.qkv, self.attn))
 
-        def before_call(fn: Before) -> Callable[[], None]:
-            def call() -> None:
-                new_x, new_qkv = fn(x, residual)
-                x.copy_(new_x)
-                qkv.copy_(new_qkv)
+        def part(fn: Before | After, second: Tensor, outputs: tuple[Tensor, Tensor]) -> Callable[[], None]:
+            def call() -> None:  # fn(x, second), written back into the buffers
+                for buffer, value in zip(outputs, fn(x, second)):
+                    buffer.copy_(value)
             return call
 
-        def after_call(fn: After) -> Callable[[], None]:
-            def call() -> None:
-                new_x, new_residual = fn(x, attn)
-                x.copy_(new_x)
-                residual.copy_(new_residual)
-            return call
+        return [(part(b, residual, (x, qkv)), part(a, attn, (x, residual)))
+                for b, a in zip(self.before, self.after)]
 
-        return [(before_call(b), after_call(a)) for b, a in zip(self.before, self.after)]
+    def _capture_all(self) -> dict[int, list[Parts]]:
+        """Every size at once, at the first step that needs one, so that no later step (a
+        server's first long prompt) waits for a capture, or for torch.compile to see a new
+        number of rows. All or none: a capture that fails (out of memory) is tried again at the
+        next step."""
+        if self.capture:
+            print(f"tinyinfer: capturing CUDA graphs of the layers for steps of "
+                  f"{PIECE_TOKEN_SIZES[0]} to {PIECE_TOKEN_SIZES[-1]} tokens (once)",
+                  file=sys.stderr, flush=True)
+        return {size: self._capture(size) for size in PIECE_TOKEN_SIZES}
 
-    def _capture(self, size: int) -> list[tuple[Callable[[], None], Callable[[], None]]]:
+    def _capture(self, size: int) -> list[Parts]:
         """Warm up (compiling if asked) on a side stream, then record each part in its own
         graph, every graph in one memory pool: they run one after another, never together."""
         calls = self._calls(size)
         if not self.capture:
             return calls
-        print(f"tinyinfer: capturing CUDA graphs of the layers for steps of up to {size} tokens "
-              "(once per size)", file=sys.stderr, flush=True)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                for pair in calls:
-                    for call in pair:
-                        call()
-        torch.cuda.current_stream().wait_stream(side)
         replays = []
-        with collection_paused():
-            for pair in calls:
-                replayed = []
-                for call in pair:
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=self.pool):
-                        call()
-                    self.pool = graph.pool()
-                    self.graphs.append(graph)
-                    replayed.append(graph.replay)
-                replays.append((replayed[0], replayed[1]))
+        with torch.cuda.device(self.x.device):  # the buffers' card, whichever is current
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    for pair in calls:
+                        for call in pair:
+                            call()
+            torch.cuda.current_stream().wait_stream(side)
+            with collection_paused():
+                for pair in calls:
+                    replayed = []
+                    for call in pair:
+                        graph = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(graph, pool=self.pool):
+                            call()
+                        self.pool = graph.pool()
+                        replayed.append(graph.replay)  # holds the graph
+                    replays.append((replayed[0], replayed[1]))
         return replays

@@ -579,19 +579,18 @@ class TorchRunner:
                 "rows": (rows.attention_input, rows.mlp_block, rows.final_logits)}
 
     def _layer_fns(self, step: _Step) -> tuple[tuple[Callable[..., Any], ...], Callable[..., Tensor]]:
-        """The layer functions a step runs, and its decode attention, where the step is not
-        replayed from a graph (with CUDA graphs, a step that no decode graph replays runs the
-        compiled functions through the layers' pieces instead: ``_piece_graphs``). Prefill
-        chunks (compute-bound, shapes that vary every step) run eager, with the decode rows
-        beside them; decode
+        """The layer functions a step runs, and its decode attention, where the step is not replayed
+        from a graph (with CUDA graphs, a step that no decode graph replays runs the compiled
+        functions through the layers' pieces instead: ``_piece_graphs``). Prefill chunks (compute-
+        bound, shapes that vary every step) run eager, with the decode rows beside them; decode
         steps (memory-bound, many small kernels) run the compiled functions, or the fused Triton
-        products where they apply: one row the matrix-vector kernel, 2..FEW_ROWS rows its
-        few-row program, up to FUSED_MAX_ROWS the batch-invariant row kernel; with
-        batch_invariant, every step the row kernel, prefill chunks too, whatever its rows, so
-        that a row is computed as it is alone (the prefill attention cuts each sequence into its
-        own tiles, and the decode attention then splits every context alike). Quantized weights
-        run two rows through the products' row axis and have no row kernel: their steps of more
-        than two rows run the compiled functions."""
+        products where they apply: one row the matrix-vector kernel, 2..FEW_ROWS rows its few-row
+        program, up to FUSED_MAX_ROWS the batch-invariant row kernel; with batch_invariant, every
+        step the row kernel, prefill chunks too, whatever its rows, so that a row is computed as it
+        is alone (the prefill attention cuts each sequence into its own tiles, and the decode
+        attention then splits every context alike). Quantized weights run two rows through the
+        products' row axis and have no row kernel: their steps of more than two rows run the
+        compiled functions."""
         rows = len(step.token_ids)
         if self.batch_invariant:
             return self._fused["rows"], self._fused_attention

@@ -33,6 +33,7 @@ from tinyinfer.runners.runner import Rounds, make_batch
 PAGE = 16
 CASES = ("llama-3-8b:bf16", "llama-3.2-1b:int4+head", "llama-3.2-1b:bf16")
 TOKENS = (16, 17, 64, 128, 500)
+FORMATS = ("bf16", "int8", "int4", "int8+head", "int4+head")
 
 
 def timed(launch: Callable[[], Any], repeats: int) -> dict[str, float]:
@@ -54,6 +55,14 @@ def compare(ours: np.ndarray, eager: np.ndarray) -> dict[str, float | bool]:
     scale = float(np.abs(eager).max())
     return {"max_rel_diff": float(np.abs(ours - eager).max() / scale),
             "argmax_equal": bool((ours.argmax(-1) == eager.argmax(-1)).all())}
+
+
+def checked_case(text: str) -> str:
+    """A --cases entry, refused in one line unless it is shape:format with a format named above."""
+    shape, colon, fmt = text.partition(":")
+    if not (shape and colon and fmt in FORMATS):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected shape:format, the format one of {', '.join(FORMATS)}")
+    return text
 
 
 def measure(case: str, repeats: int) -> dict[str, Any]:
@@ -119,7 +128,8 @@ def measure(case: str, repeats: int) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--cases", nargs="+", default=list(CASES), help="shape:format, e.g. llama-3-8b:bf16")
+    parser.add_argument("--cases", nargs="+", type=checked_case, default=list(CASES),
+                        help="shape:format, e.g. llama-3-8b:bf16")
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     if not torch.cuda.is_available():

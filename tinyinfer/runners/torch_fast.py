@@ -555,14 +555,8 @@ class TorchRunner:
         """``_forward_step`` through the layers' pieces: embed eagerly, replay each layer's two
         parts around its attention (eager, on the step's real rows), then the head on the logits
         rows."""
-        w = self.w
-        x = layers.embedding(w.embed, step.token_ids, self.dtype)  # [T, D]
-        if w.pos_embed is not None:
-            x = x + w.pos_embed[step.positions]
-        x, residual = pieces.run(x, lambda layer, qkv: self._attention(layer, qkv, step, kv))
-        if step.logits_rows is not None:
-            x, residual = x[step.logits_rows], residual[step.logits_rows]
-        return self._decode_fns[2](x, residual, *w.final_norm, w.head, self.config.norm_eps)  # [R, V]
+        x, residual = pieces.run(self._embedded(step), lambda layer, qkv: self._attention(layer, qkv, step, kv))
+        return self._head(x, residual, step, self._decode_fns[2])
 
     # ------------------------------------------------------------------ the model
 
@@ -605,20 +599,28 @@ class TorchRunner:
         """Embed, run every layer, and return float32 logits for the step's logits rows."""
         fns, attend = self._layer_fns(step)
         attention_input, mlp_block, final_logits = fns
-        w = self.w
-        x = layers.embedding(w.embed, step.token_ids, self.dtype)  # [T, D]
-        if w.pos_embed is not None:
-            x = x + w.pos_embed[step.positions]
+        x = self._embedded(step)
         residual = torch.zeros_like(x)
         eps, gated = self.config.norm_eps, self.config.family == "llama"
-        for i, layer in enumerate(w.layers):
+        for i, layer in enumerate(self.w.layers):
             x, qkv = attention_input(x, residual, *layer.attn_norm, *layer.qkv, eps)
             attn = self._attention(i, qkv, step, kv, attend)  # [T, H hd]
             x, residual = mlp_block(x, attn, *layer.o, *layer.mlp_norm, *layer.mlp_in,
                                     *layer.mlp_out, eps, gated)
+        return self._head(x, residual, step, final_logits)
+
+    def _embedded(self, step: _Step) -> Tensor:
+        """The step's tokens embedded (and their positions, GPT-2): [T, D]."""
+        x = layers.embedding(self.w.embed, step.token_ids, self.dtype)
+        if self.w.pos_embed is not None:
+            x = x + self.w.pos_embed[step.positions]
+        return x
+
+    def _head(self, x: Tensor, residual: Tensor, step: _Step, final_logits: Callable[..., Tensor]) -> Tensor:
+        """The last residual add, norm and LM head on the step's logits rows: float32 [R, V]."""
         if step.logits_rows is not None:
             x, residual = x[step.logits_rows], residual[step.logits_rows]
-        return final_logits(x, residual, *w.final_norm, w.head, eps)  # [R, V]
+        return final_logits(x, residual, *self.w.final_norm, self.w.head, self.config.norm_eps)
 
     def _attention(self, layer: int, qkv: Tensor, step: _Step, kv: TorchKVCache,
                    attend: Callable[..., Tensor] | None = None) -> Tensor:

@@ -247,10 +247,11 @@ def batches(shape: str, device: torch.device) -> dict:
     return out
 
 
-CANDIDATES = [  # (outputs, inputs, split, warps, stages) tried at 1 and 5 rows; splits only without a norm
+CANDIDATES = [  # (outputs, inputs, split, warps, stages) tried at 1 and 5 rows
     (16, 512, 1, 4, 0), (32, 256, 1, 4, 0), (64, 128, 1, 4, 0), (16, 256, 1, 4, 3), (16, 512, 1, 4, 3),
     (32, 256, 1, 4, 3), (64, 128, 1, 4, 3), (32, 128, 1, 4, 4), (64, 64, 1, 4, 4), (32, 256, 1, 8, 3),
-    (16, 512, 2, 4, 0), (16, 256, 2, 4, 3)]
+    (16, 512, 2, 4, 0), (16, 256, 2, 4, 3), (64, 128, 1, 4, 4), (128, 64, 1, 4, 4), (64, 64, 2, 4, 4),
+    (64, 64, 4, 4, 4), (64, 128, 2, 4, 3), (64, 128, 2, 4, 0), (128, 64, 2, 4, 4), (64, 64, 3, 4, 4)]
 
 
 FEW_CANDIDATES = [  # (outputs, inputs, warps) of the few-row program at 2 rows
@@ -293,8 +294,6 @@ def product_times(shape: str, device: torch.device, sweep: bool) -> dict:
             record(f"rows M={m}", lambda i, m=m: rows.rows_product(xs[m], ws[i], **args[m]))
         if sweep:
             for bn, bk, split, warps, stages in CANDIDATES:
-                if split > 1 and "norm" in args[1]:
-                    continue
                 cfg = rows.Config(bn, bk, split, warps, stages)
                 for m in (1, 5):
                     record(f"rows M={m} {bn}x{bk} split {split} warps {warps} stages {stages}",

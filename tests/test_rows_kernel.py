@@ -24,8 +24,9 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 @needs_triton
 def test_row_products_match_torch_layers_in_interpreter():
     """float32, sizes that fill no tile evenly, 1, 5 and 17 rows (two row tiles), with and
-    without biases, weights through registers or Triton's pipeline, one split and several (for
-    products without a norm): the same outputs as torch_layers (the residual sums bit for bit)."""
+    without biases, weights through registers or Triton's pipeline, one split and several (under
+    a norm too: each split's sum of squares added by the last): the same outputs as torch_layers
+    (the residual sums bit for bit, each split writing its share)."""
     code = """
 import torch
 from tinyinfer.runners import torch_layers as L
@@ -35,7 +36,6 @@ def close(a, b):
     return float((a - b).norm() / b.norm()) < 1e-6
 for rows, bias in ((1, False), (5, True), (17, False)):
     for config in (None, R.Config(16, 32, 2), R.Config(32, 16, 3, stages=3)):
-        normed = None if config is None else config._replace(split_k=1)
         d, f, qkv_out, vocab = 96, 160, 144, 200
         x, r, attn = torch.randn(rows, d), torch.randn(rows, d), torch.randn(rows, d)
         norm = 1 + 0.1 * torch.randn(d)
@@ -44,17 +44,17 @@ for rows, bias in ((1, False), (5, True), (17, False)):
         b = {name: torch.randn(w[name].shape[0]) if bias else None for name in w}
         total = torch.empty_like(x)
         got = R.rows_product(x, w['qkv'], b['qkv'], norm=norm, residual=r, sum_out=total, eps=1e-5,
-                             config=normed)
+                             config=config)
         ref_x, ref = L.attention_input(x, r, norm, None, w['qkv'], b['qkv'], 1e-5)
         assert torch.equal(total, ref_x) and close(got, ref), (rows, config)
         got_x = R.rows_product(attn, w['o'], b['o'], add=x, config=config)
-        h = R.rows_product(got_x, w['up'], b['up'], norm=norm, eps=1e-5, gated=True, config=normed)
+        h = R.rows_product(got_x, w['up'], b['up'], norm=norm, eps=1e-5, gated=True, config=config)
         got = R.rows_product(h, w['down'], b['down'], config=config)
         ref_x, ref = L.mlp_block(x, attn, w['o'], b['o'], norm, None, w['up'], b['up'], w['down'],
                                  b['down'], 1e-5, True)
         assert close(got_x, ref_x) and close(got, ref), (rows, config)
         got = R.rows_product(x, w['head'], norm=norm, residual=r, sum_out=torch.empty_like(x),
-                             eps=1e-5, out_dtype=torch.float32, config=normed)
+                             eps=1e-5, out_dtype=torch.float32, config=config)
         assert close(got, L.final_logits(x, r, norm, None, w['head'], 1e-5)), (rows, config)
 got_x, got = R.mlp_block(x, attn, w['o'], None, norm, None, w['up'], None, w['down'], None, 1e-5, True)
 ref_x, ref = L.mlp_block(x, attn, w['o'], None, norm, None, w['up'], None, w['down'], None, 1e-5, True)
@@ -67,8 +67,8 @@ print('ok')
 @needs_triton
 def test_rows_together_equal_rows_alone_bit_for_bit():
     """Each product kind with its prologue and epilogue, weights through registers and through
-    Triton's pipeline: 5 and 17 rows in one launch give every row exactly what a launch of that
-    row alone gives. The comparison is bit for bit and can fail: the same rows through a
+    Triton's pipeline, one split or two: 5 and 17 rows in one launch give every row exactly what
+    a launch of that row alone gives. The comparison is bit for bit and can fail: the same rows through a
     different order of the sum (the inputs split in two instead of one) differ in their last
     bits."""
     code = """
@@ -93,7 +93,7 @@ def plain(x, config):
     return [R.rows_product(short, w['o'], add=torch.ones_like(short) * 0.5, config=config),
             R.rows_product(x, w['down'], config=config)]
 x = torch.randn(17, f)
-for config in (R.Config(16, 32), R.Config(32, 16, stages=3)):
+for config in (R.Config(16, 32), R.Config(32, 16, stages=3), R.Config(16, 32, 2)):
     for products in (normed, plain):
         alone = [products(x[i:i + 1], config) for i in range(17)]
         for m in (5, 17):
@@ -101,8 +101,9 @@ for config in (R.Config(16, 32), R.Config(32, 16, stages=3)):
             for kind, out in enumerate(together):
                 for i in range(m):
                     assert torch.equal(out[i], alone[i][kind][0]), (config, m, kind, i)
-one_split = plain(x[:5], R.Config(16, 32))
-assert not all(torch.equal(a, b) for a, b in zip(plain(x[:5], R.Config(16, 32, 2)), one_split))
+for products in (normed, plain):
+    one_split = products(x[:5], R.Config(16, 32))
+    assert not all(torch.equal(a, b) for a, b in zip(products(x[:5], R.Config(16, 32, 2)), one_split))
 print('ok')
 """
     run_interpreted(code)

@@ -713,7 +713,8 @@ class Engine:
                 self.abort_request(request_id)
                 self.release(request_id)
             raise
-        while any(self.completion(i).finish_reason is None for i in ids):
+        # (each request's Sequence, not completion(), which copies its tokens and text each step)
+        while any(self._requests[i].seq.finish_reason is None for i in ids):
             self.step()
         done = [self.release(i) for i in ids]
         failed = [c.error for c in done if c.error is not None]

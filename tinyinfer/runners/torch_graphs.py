@@ -66,6 +66,7 @@ class DecodeGraphs:
         pinned = device.type == "cuda"
         self.hosts = [torch.zeros(size, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self.copied: list[Any] = [None, None]  # per buffer, an event after its last copy
+        self.host_views: dict[tuple[int, int], tuple[Any, ...]] = {}  # (buffer, size) -> _views
         self.turn = 0
         self.inputs = torch.zeros(size, dtype=torch.int64, device=device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
@@ -96,12 +97,14 @@ class DecodeGraphs:
         ahead = buffer[3 * mb:self.tables_at].reshape(2, self.rounds, self.max_batch)
         return (*views, ahead[0, :, :size], ahead[1, :, :size])
 
-    def _stage(self, batch: Batch, size: int, host: Tensor, rounds: Rounds | None = None) -> int:
-        """Write the batch (and its rounds), padded to `size` rows, into a pinned buffer; return
-        elements used. Padding rows, and rounds a sequence sits out, decode token 0 (or what the
-        round before chose) at position 0 into the scratch page."""
+    def _stage(self, batch: Batch, size: int, host: Tensor, rounds: Rounds | None, turn: int) -> int:
+        """Write the batch (and its rounds), padded to `size` rows, into pinned buffer ``turn``
+        (``host``); return elements used. Padding rows, and rounds a sequence sits out, decode
+        token 0 (or what the round before chose) at position 0 into the scratch page."""
         n = batch.num_tokens  # num_seqs q rows
-        views = self._views(host.numpy(), size)
+        views = self.host_views.get((turn, size))
+        if views is None:  # made once per buffer and size: slicing costs host time every step
+            views = self.host_views[(turn, size)] = self._views(host.numpy(), size)
         tokens, positions, slots, tables = views[:4]
         tokens[:n], positions[:n], slots[:n] = batch.token_ids, batch.positions, batch.slot_mapping
         tokens[n:], positions[n:], slots[n:] = 0, 0, self.scratch_slot
@@ -126,12 +129,14 @@ class DecodeGraphs:
         """
         turn, self.turn = self.turn, self.turn ^ 1
         host = self.hosts[turn]
-        if self.copied[turn] is not None:
-            self.copied[turn].synchronize()  # its copy of two launches ago has long landed
-        used = self._stage(batch, size, host, rounds)
+        copied = self.copied[turn]
+        if copied is None:  # one event per buffer, recorded again at each use (no new one per step)
+            copied = self.copied[turn] = torch.cuda.Event()
+        else:
+            copied.synchronize()  # its copy of two launches ago has long landed
+        used = self._stage(batch, size, host, rounds, turn)
         self.inputs[:used].copy_(host[:used], non_blocking=True)
-        self.copied[turn] = torch.cuda.Event()
-        self.copied[turn].record()
+        copied.record()
         if tokens is not None:
             self._views(self.inputs, size)[0][:batch.num_tokens].copy_(tokens)
         if size not in self.graphs:

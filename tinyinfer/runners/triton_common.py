@@ -84,12 +84,15 @@ def split_fits(tiles: int) -> bool:
     return tiles <= MAX_TILES
 
 
-def split_buffers(split_k: int, rows: int, width: int, tiles: int, out: Tensor) -> tuple[Tensor, Tensor]:
-    """Split K's float32 partials [split_k, rows, width] (``epilogue``'s layout) and a counter per
-    output tile; without a split, ``out`` stands in for both (the kernel never reads them)."""
+def split_buffers(split_k: int, rows: int, width: int, tiles: int, out: Tensor,
+                  norm_tiles: int = 0) -> tuple[Tensor, Tensor]:
+    """Split K's float32 partials (``epilogue``'s layout: [split_k, rows, width], then, for a
+    norm summed in the splits, [split_k, norm_tiles, rows] partial sums of squares) and a counter
+    per output tile; without a split, ``out`` stands in for both (the kernel never reads them)."""
     if split_k == 1:
         return out, out
-    return (torch.empty((split_k, rows, width), dtype=torch.float32, device=out.device),
+    size = split_k * rows * (width + norm_tiles)
+    return (torch.empty(size, dtype=torch.float32, device=out.device),
             split_counters(tiles, out.device))
 
 
@@ -142,11 +145,16 @@ def finish(gate, up, n, n_ok, m, N, bias_ptr, add_ptr, out_ptr, dtype,
 @triton.jit
 def epilogue(gate, up, n, n_ok, m, rows, tile, N, bias_ptr, add_ptr, out_ptr, partial_ptr,
              counters_ptr, dtype, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-             ADD_OUT: tl.constexpr, SPLIT_K: tl.constexpr):
+             ADD_OUT: tl.constexpr, SPLIT_K: tl.constexpr, squares=0.0, K=1, eps=0.0,
+             NORM_SPLIT: tl.constexpr = False):
     """``finish`` for a program of a grid (its tiles, splits, ...) holding the float32 sums (gate
     and up: GATED) of outputs n of rows m, one of ``rows`` rows the partials hold; ``tile``
     numbers its outputs-and-rows tile. Split K: partials [SPLIT_K, rows, (2) N] in float32; the
-    tile's last program to finish (counted with an atomic) adds them in order and finishes."""
+    tile's last program to finish (counted with an atomic) adds them in order and finishes.
+    NORM_SPLIT: the sums are not yet normalised, and ``squares`` (shaped as m) holds the sum of
+    squares of this split's inputs of each row; the partials keep them too, per split and tile
+    of outputs (program axis 0), and the last program scales the added sums by each row's
+    1/rms over all K inputs."""
     pid_k = tl.program_id(1)
     if SPLIT_K == 1:
         finish(gate, up, n, n_ok, m, N, bias_ptr, add_ptr, out_ptr, dtype, HAS_BIAS, GATED, ADD_OUT)
@@ -156,6 +164,10 @@ def epilogue(gate, up, n, n_ok, m, rows, tile, N, bias_ptr, add_ptr, out_ptr, pa
         tl.store(part, gate, mask=n_ok)
         if GATED:
             tl.store(part + N, up, mask=n_ok)
+        square_parts = partial_ptr + SPLIT_K * rows * width + tl.program_id(0) * rows + m
+        n_tiles = tl.num_programs(0)
+        if NORM_SPLIT:
+            tl.store(square_parts + pid_k * n_tiles * rows, squares)
         tl.debug_barrier()  # every thread's partial is issued before the count goes up
         done = tl.atomic_add(counters_ptr + tile, 1)  # acquire-release, GPU scope
         if done == SPLIT_K - 1:
@@ -166,5 +178,12 @@ def epilogue(gate, up, n, n_ok, m, rows, tile, N, bias_ptr, add_ptr, out_ptr, pa
                 gate += tl.load(at, mask=n_ok, other=0.0, cache_modifier=".cg")
                 if GATED:
                     up += tl.load(at + N, mask=n_ok, other=0.0, cache_modifier=".cg")
+            if NORM_SPLIT:
+                total = tl.zeros_like(squares)
+                for s in range(SPLIT_K):
+                    total += tl.load(square_parts + s * n_tiles * rows, cache_modifier=".cg")
+                rstd = tl.rsqrt(total / K + eps)
+                gate = gate * rstd
+                up = up * rstd
             finish(gate, up, n, n_ok, m, N, bias_ptr, add_ptr, out_ptr, dtype, HAS_BIAS, GATED, ADD_OUT)
             tl.atomic_xchg(counters_ptr + tile, 0)  # ready for the next launch

@@ -35,7 +35,8 @@ torch.manual_seed(0)
 def close(a, b):
     return float((a - b).norm() / b.norm()) < 1e-6
 for rows, bias in ((1, False), (5, True), (17, False)):
-    for config in (None, R.Config(16, 32, 2), R.Config(32, 16, 3, stages=3)):
+    # 4 splits of 3 steps: one split has no inputs; (32, 16, 3): gate|up splits evenly (EVEN)
+    for config in (None, R.Config(16, 32, 4), R.Config(32, 16, 3, stages=3)):
         d, f, qkv_out, vocab = 96, 160, 144, 200
         x, r, attn = torch.randn(rows, d), torch.randn(rows, d), torch.randn(rows, d)
         norm = 1 + 0.1 * torch.randn(d)
@@ -62,6 +63,25 @@ assert close(got_x, ref_x) and close(got, ref)
 print('ok')
 """
     run_interpreted(code)
+
+
+@needs_triton
+def test_split_products_count_their_tiles_at_any_step_the_runner_takes():
+    """The row kernel splits q|k|v and down products whatever the number of rows (its tiles
+    depend on the shape alone), so a long prefill chunk with ``batch_invariant`` multiplies the
+    tiles of outputs by its row tiles: every such launch must find a counter per tile."""
+    from tinyinfer.runners import torch_triton_rows as R
+    from tinyinfer.runners.triton_common import split_fits
+
+    # (outputs, inputs, norm): 1B, 8B and 70B q|k|v, 8B and 70B down
+    shapes = ((3072, 2048, True), (6144, 4096, True), (10240, 8192, True), (4096, 14336, False),
+              (8192, 28672, False))
+    assert R.pick_config(6144, 4096, False, True).split_k > 1
+    for n, k, norm in shapes:
+        config = R.pick_config(n, k, False, norm)
+        for rows in (1, 17, 512, 8192, 16384):
+            tiles = -(-n // config.block_n) * -(-rows // R.ROWS)
+            assert split_fits(tiles), (n, k, rows, tiles)
 
 
 @needs_triton
@@ -101,9 +121,9 @@ for config in (R.Config(16, 32), R.Config(32, 16, stages=3), R.Config(16, 32, 2)
             for kind, out in enumerate(together):
                 for i in range(m):
                     assert torch.equal(out[i], alone[i][kind][0]), (config, m, kind, i)
-for products in (normed, plain):
-    one_split = products(x[:5], R.Config(16, 32))
-    assert not all(torch.equal(a, b) for a, b in zip(products(x[:5], R.Config(16, 32, 2)), one_split))
+for products in (normed, plain):  # 6 steps of 16 inputs or more: two splits add them in another order
+    one_split = products(x[:5], R.Config(16, 16))
+    assert not all(torch.equal(a, b) for a, b in zip(products(x[:5], R.Config(16, 16, 2)), one_split))
 print('ok')
 """
     run_interpreted(code)

@@ -517,7 +517,7 @@ def test_a_rounds_graph_reads_the_step_and_rounds_it_staged(oracle_model):
             continue
         graphs = runner._round_graphs(2, 3, kv)  # a graph of 3 rounds serves 2
         size = graphs.padded_size(first.num_seqs)
-        used = graphs._stage(first, size, graphs.hosts[0], _sat_out_after(rounds, graphs.rounds), 0)
+        used = graphs._stage(first, size, _sat_out_after(rounds, graphs.rounds), 0)
         graphs.inputs[:used].copy_(graphs.hosts[0][:used])
         with torch.no_grad():
             ids = graphs.step(*graphs._views(graphs.inputs, size))  # [4, 4]

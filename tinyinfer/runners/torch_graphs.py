@@ -97,14 +97,14 @@ class DecodeGraphs:
         ahead = buffer[3 * mb:self.tables_at].reshape(2, self.rounds, self.max_batch)
         return (*views, ahead[0, :, :size], ahead[1, :, :size])
 
-    def _stage(self, batch: Batch, size: int, host: Tensor, rounds: Rounds | None, turn: int) -> int:
-        """Write the batch (and its rounds), padded to `size` rows, into pinned buffer ``turn``
-        (``host``); return elements used. Padding rows, and rounds a sequence sits out, decode
+    def _stage(self, batch: Batch, size: int, rounds: Rounds | None, turn: int) -> int:
+        """Write the batch (and its rounds), padded to `size` rows, into pinned buffer ``turn``;
+        return elements used. Padding rows, and rounds a sequence sits out, decode
         token 0 (or what the round before chose) at position 0 into the scratch page."""
         n = batch.num_tokens  # num_seqs q rows
         views = self.host_views.get((turn, size))
         if views is None:  # made once per buffer and size: slicing costs host time every step
-            views = self.host_views[(turn, size)] = self._views(host.numpy(), size)
+            views = self.host_views[(turn, size)] = self._views(self.hosts[turn].numpy(), size)
         tokens, positions, slots, tables = views[:4]
         tokens[:n], positions[:n], slots[:n] = batch.token_ids, batch.positions, batch.slot_mapping
         tokens[n:], positions[n:], slots[n:] = 0, 0, self.scratch_slot
@@ -134,7 +134,7 @@ class DecodeGraphs:
             copied = self.copied[turn] = torch.cuda.Event()
         else:
             copied.synchronize()  # its copy of two launches ago has long landed
-        used = self._stage(batch, size, host, rounds, turn)
+        used = self._stage(batch, size, rounds, turn)
         self.inputs[:used].copy_(host[:used], non_blocking=True)
         copied.record()
         if tokens is not None:

@@ -23,7 +23,7 @@ row's rounding depends on how many rows share the step. Here nothing does:
   does, adding float32 partials in a fixed order (a ``Config`` with split_k > 1), a product with
   a norm too: each split sums the squares of its share of the inputs, and the tile's last
   program adds them with the partials and scales the sums by 1/rms (``pick_config`` splits the
-  q|k|v and down products, which have too few tiles of outputs to fill the card).
+  q|k|v products, which have too few tiles of outputs to fill the card, and the down products).
 
 The decode attention kernel already computes a row the same way whatever q is, and embedding,
 RoPE and the greedy argmax are per row, so a verification step through these products gives
@@ -35,7 +35,7 @@ rows of zeros besides the real one, which the matrix units make nearly free, but
 a [BLOCK_K, 16] tile of x in every program (as much arithmetic as a 16-output weight tile, hence
 64 outputs a program for products with a norm, and fewer programs) and its small products run
 further from the copy bandwidth. Measured on an H100 (docs/fast-path.md), a one-row step takes
-12 % (1B shape) and 5 % (8B) longer than through the matrix-vector kernels, far from the 2 %
+11-12 % (1B shape) and 5 % (8B) longer than through the matrix-vector kernels, far from the 2 %
 that would have made it the one path; so the runner's ``batch_invariant`` option sends one-row
 steps here too, for exactness, and by default only steps of 3..16 rows (one row tile) come here
 (two rows run ``torch_triton_gemv``'s few-row program, which reads the weights once too).
@@ -92,7 +92,7 @@ def _accumulate(w, u, k, acc, acc_u, squares, r, r_ok, x_cols, res_cols, norm_pt
             xf = (xf + tl.load(res_cols + k[:, None], mask=ok, other=0.0).to(tl.float32))
             xf = xf.to(dtype).to(tl.float32)
             tl.store(sum_ptr + r[None, :] * K + k[:, None], xf.to(dtype), mask=ok & writer)
-        squares += xf * xf  # summed over the inputs once, after the loop
+        squares += tl.sum(xf * xf, 0)
         xt = xf * load(norm_ptr + k, k_ok, EVEN).to(tl.float32)[:, None]
     xt = xt.to(dtype)
     acc = tl.dot(w, xt, acc, input_precision="ieee")  # [BN, 16]
@@ -136,7 +136,7 @@ def _rows_kernel(
     wait_for_previous(PDL)
     acc = tl.zeros([BLOCK_N, 16], tl.float32)
     acc_u = tl.zeros([BLOCK_N, 16], tl.float32)
-    squares = tl.zeros([BLOCK_K, 16], tl.float32)  # each input's square, per loop step
+    squares = tl.zeros([16], tl.float32)
     total = trip_count(steps, INTERPRETED_STEPS)
     if STAGES == 0:
         # the next step's weights in registers while this step computes (the last step reads
@@ -163,7 +163,7 @@ def _rows_kernel(
                                               res_cols, norm_ptr, sum_ptr, K, writer, dtype,
                                               NORM, ADD_RES, GATED, EVEN)
     release_next(PDL)  # the next kernel may launch now: its first tile of weights loads under this tail
-    row_squares = tl.sum(squares, 0)[None, :]  # [1, 16]: this program's inputs' (NORM)
+    row_squares = squares[None, :]  # [1, 16]: of this program's inputs (NORM)
     if NORM and not NORM_SPLIT:
         rstd = tl.rsqrt(row_squares / K + eps)
         acc = acc * rstd
@@ -179,13 +179,13 @@ def _rows_kernel(
 
 
 def pick_config(n: int, k: int, gated: bool, norm: bool = False) -> Config:
-    """Tiles by the product's shape alone, never by its rows: the fastest measured on an H100 at
-    the 1B and 8B shapes, at 1 and 5 rows alike (docs/fast-path.md). A product with RMSNorm in
-    its prologue normalises a [BLOCK_K, 16] tile of x per step, as much arithmetic as its weight
-    tile at 16 outputs, so it takes 64 outputs a program and short steps. A q|k|v product has
-    too few such tiles to fill the card (96 at 8B, 48 at 1B), so its inputs are split among up
-    to 4 programs a tile (about 256 programs); the long rows of a down product take 64 outputs
-    split in 4 too; the rest take 16 x 512."""
+    """Tiles by the product's shape alone, never by its rows: among the fastest measured on an
+    H100 at the 1B and 8B shapes, at 1 and 5 rows alike (docs/fast-path.md). A product with
+    RMSNorm in its prologue normalises a [BLOCK_K, 16] tile of x per step, as much arithmetic as
+    its weight tile at 16 outputs, so it takes 64 outputs a program and short steps. A q|k|v
+    product has too few such tiles to fill the card (96 at 8B, 48 at 1B), so its inputs are split
+    among up to 4 programs a tile (192 programs at both shapes); the long rows of a down product
+    take 64 outputs split in 4 (faster at 1B, as fast at 8B); the rest take 16 x 512."""
     if norm and gated:
         return Config(64, 128) if k >= 4096 else Config(64, 64, stages=4)
     if norm and n > 32768:  # an LM head

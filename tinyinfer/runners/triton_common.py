@@ -27,7 +27,10 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-MAX_TILES = 4096  # output tiles a split-K launch may count (the size of its counter buffer)
+# Output tiles a split-K launch may count (the size of its counter buffer: 1 MiB a device). The
+# row kernel's tiles multiply with the step's row tiles and it splits whatever the rows (batch
+# invariance): a prefill chunk of 16384 tokens through the 8B q|k|v product counts 98,304.
+MAX_TILES = 1 << 18
 
 
 @triton.jit
@@ -100,7 +103,9 @@ def check_prologue(norm: object, residual: object, sum_out: object, split_k: int
                    norm_splits: bool = False) -> None:
     """The fused products' prologue takes a residual only before a norm, writing the rounded sum
     to sum_out. A product whose norm comes from its own loop needs whole rows of inputs (no split
-    K); ``norm_splits``: the kernel normalises each row in a pass of its own, so it may split."""
+    K) unless ``norm_splits``: the kernel normalises each row in a pass of its own
+    (``torch_triton_gemv``), or adds each split's sum of squares in the epilogue
+    (``torch_triton_rows``, ``epilogue``'s NORM_SPLIT), so it may split."""
     if residual is not None and (sum_out is None or norm is None):
         raise ValueError("a residual added in the prologue needs a norm, and sum_out for the sum")
     if norm is not None and split_k > 1 and not norm_splits:
@@ -152,9 +157,11 @@ def epilogue(gate, up, n, n_ok, m, rows, tile, N, bias_ptr, add_ptr, out_ptr, pa
     numbers its outputs-and-rows tile. Split K: partials [SPLIT_K, rows, (2) N] in float32; the
     tile's last program to finish (counted with an atomic) adds them in order and finishes.
     NORM_SPLIT: the sums are not yet normalised, and ``squares`` (shaped as m) holds the sum of
-    squares of this split's inputs of each row; the partials keep them too, per split and tile
-    of outputs (program axis 0), and the last program scales the added sums by each row's
-    1/rms over all K inputs."""
+    squares of this split's inputs of each row; the partials keep them too, after the sums, per
+    split and tile of outputs: [SPLIT_K, tiles of outputs, rows], so program axis 0 must number
+    the tiles of outputs alone (as in ``torch_triton_rows``; ``split_buffers``' norm_tiles is
+    that axis' size); the last program scales the added sums by each row's 1/rms over all K
+    inputs."""
     pid_k = tl.program_id(1)
     if SPLIT_K == 1:
         finish(gate, up, n, n_ok, m, N, bias_ptr, add_ptr, out_ptr, dtype, HAS_BIAS, GATED, ADD_OUT)
@@ -164,9 +171,9 @@ def epilogue(gate, up, n, n_ok, m, rows, tile, N, bias_ptr, add_ptr, out_ptr, pa
         tl.store(part, gate, mask=n_ok)
         if GATED:
             tl.store(part + N, up, mask=n_ok)
-        square_parts = partial_ptr + SPLIT_K * rows * width + tl.program_id(0) * rows + m
-        n_tiles = tl.num_programs(0)
         if NORM_SPLIT:
+            square_parts = partial_ptr + SPLIT_K * rows * width + tl.program_id(0) * rows + m
+            n_tiles = tl.num_programs(0)
             tl.store(square_parts + pid_k * n_tiles * rows, squares)
         tl.debug_barrier()  # every thread's partial is issued before the count goes up
         done = tl.atomic_add(counters_ptr + tile, 1)  # acquire-release, GPU scope

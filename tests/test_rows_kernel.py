@@ -35,7 +35,7 @@ torch.manual_seed(0)
 def close(a, b):
     return float((a - b).norm() / b.norm()) < 1e-6
 for rows, bias in ((1, False), (5, True), (17, False)):
-    # 4 splits of 3 steps: one split has no inputs; (32, 16, 3): gate|up splits evenly (EVEN)
+    # 4 splits of 3 blocks of inputs: one split has none; (32, 16, 3): gate|up splits evenly (EVEN)
     for config in (None, R.Config(16, 32, 4), R.Config(32, 16, 3, stages=3)):
         d, f, qkv_out, vocab = 96, 160, 144, 200
         x, r, attn = torch.randn(rows, d), torch.randn(rows, d), torch.randn(rows, d)

@@ -143,7 +143,7 @@ def _nbytes(value: Tensor | QuantWeight) -> int:
 def pick_device(device: str | None) -> torch.device:
     """The requested device, or CUDA when available and nothing was asked for."""
     if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return _indexed(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     try:
         chosen = torch.device(device)
     except RuntimeError as exc:
@@ -152,7 +152,15 @@ def pick_device(device: str | None) -> torch.device:
         raise TinyInferError(f"device {device} is not supported: use cpu or cuda")
     if chosen.type == "cuda" and not torch.cuda.is_available():
         raise TinyInferError("CUDA is not available on this machine: use device cpu")
-    return chosen
+    return _indexed(chosen)
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """"cuda" as the GPU it means now (cuda:0 ...), as torch places the tensors made there: a
+    runner compares its device with its tensors', and torch.device("cuda") is not cuda:0."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def pick_dtype(dtype: str | None, on_cuda: bool, int4: bool = False) -> torch.dtype:

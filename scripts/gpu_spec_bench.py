@@ -58,11 +58,12 @@ from tinyinfer.bench import workloads as bench
 from tinyinfer.bench.oracle import OracleDrafter
 from tinyinfer.engine import Engine
 from tinyinfer.model import load
-from tinyinfer.runners.runner import Rounds, launch_rounds_stepwise, make_batch
+from tinyinfer.runners import torch_fast
+from tinyinfer.runners.runner import AfterVerification, Rounds, launch_rounds_stepwise, make_batch
 from tinyinfer.sampling import SamplingParams
 from tinyinfer.speculative import DraftModelDrafter, SpeculativeStats
 
-SECTIONS = ("checks", "bundled", "oracle", "exactness", "profile")
+SECTIONS = ("checks", "bundled", "oracle", "exactness", "async_exact", "profile")
 ARGS = argparse.Namespace()
 SAVE = [lambda: None]  # writes the results so far
 
@@ -364,17 +365,19 @@ def oracle(results: dict) -> None:
         rows = []
         results[f"oracle{suffix}"] = rows
         for k in ARGS.ks:
-            for alpha, stepwise in [(a, False) for a in ARGS.alphas] + [(ARGS.alphas[0], True)] * ARGS.stepwise_too:
+            runs = [(a, False, s) for a in ARGS.alphas for s in ARGS.spec_scheduling]
+            for alpha, stepwise, scheduling in runs + [(ARGS.alphas[0], True, "sync")] * ARGS.stepwise_too:
                 with rounds_stepwise(small, stepwise):
                     r = bench.bench_speculative(big, OracleDrafter(small, alpha, seed=1), prompts, tokens, k,
-                                                plain=plain, plain_async=fastest)
+                                                plain=plain, plain_async=fastest,
+                                                spec_async=scheduling == "async")
                 rows.append({**dataclasses.asdict(r), "speedup": r.speedup, "draft": label,
                              "speedup_vs_async_plain": r.speedup_vs_async,
                              "vs_closed_form": r.speedup / r.closed_form_speedup,
                              "draft_rounds": "stepwise" if stepwise else "one launch"})
                 SAVE[0]()
                 gc.collect()
-                log(f"  oracle {label} a={alpha} k={k}{' stepwise' if stepwise else ''}: {r.speedup:.2f}x "
+                log(f"  oracle {label} a={alpha} k={k} {scheduling}{' stepwise' if stepwise else ''}: {r.speedup:.2f}x "
                     f"({rows[-1]['speedup_vs_async_plain']:.2f}x asynchronous plain; closed form "
                     f"{r.closed_form_speedup:.2f}x), identical {r.identical}, "
                     f"acceptance {r.token_acceptance:.3f}, draft {r.draft_step_ms:.2f} ms, verify "
@@ -402,6 +405,48 @@ def replay_ms(graphs, size: int = 1, repeats: int = 50) -> float:
     return float(np.median(times))
 
 
+def async_exact(results: dict) -> None:
+    """Asynchronous speculative scheduling (the next rounds launched behind each verification,
+    each sequence's inputs chosen on the device by what it accepts) against the same engine
+    stepping synchronously, the oracle at a = 0.8, k = 4 with the last draft variant: the oracle
+    fixes the guesses, so both verify the same tokens and must emit the same ones. Also whether
+    the two-token catch-up's rounds graph ran (the device's choice, not the host's rule)."""
+    big, _ = bs.shape_models(ARGS.target, ARGS.device, ARGS.dtype)
+    label, quantize, head = draft_variants()[-1]
+    small, _ = bs.shape_models(ARGS.draft, ARGS.device, ARGS.dtype, quantize=quantize, quantize_head=head)
+    prompts = bench.speculative_prompts(big, "continue", 2)
+    params = SamplingParams(temperature=0, max_tokens=ARGS.tokens, ignore_eos=True)
+    plain_ids = [c.token_ids for c in Engine(big, max_num_seqs=1, detail="none").generate(prompts, params)]
+    outputs, graphs = {}, {}
+    choices = {"device": 0, "host": 0}  # how the rounds launched ahead got their inputs
+    device_choice, host_choice = torch_fast.choose_after, AfterVerification.chosen
+
+    def on_device(*args):
+        choices["device"] += 1
+        return device_choice(*args)
+
+    def on_host(self):
+        choices["host"] += 1
+        return host_choice(self)
+
+    torch_fast.choose_after, AfterVerification.chosen = on_device, on_host
+    try:
+        for scheduling in ("sync", "async"):
+            drafter = OracleDrafter(small, 0.8, seed=1)
+            drafter.follow(prompts, plain_ids)
+            engine = Engine(big, max_num_seqs=1, detail="none", drafter=drafter, num_draft=4,
+                            async_scheduling=scheduling == "async")
+            outputs[scheduling] = [engine.generate([p], params)[0].token_ids for p in prompts]
+            graphs[scheduling] = sorted(engine.draft_run.kv_cache.round_graphs or {})
+    finally:
+        torch_fast.choose_after, AfterVerification.chosen = device_choice, host_choice
+    results["async_exact"] = {"draft": label, "identical": outputs["sync"] == outputs["async"],
+                              "tokens": sum(len(o) for o in outputs["sync"]), "choices": choices,
+                              "round_graphs": {k: [list(g) for g in v] for k, v in graphs.items()}}
+    log(f"  async vs sync speculative: identical {outputs['sync'] == outputs['async']}, graphs {graphs}, "
+        f"inputs chosen {choices}")
+
+
 def profile(results: dict) -> None:
     """Where a speculative cycle's time goes, for each draft (bf16, --draft-quantize's): the
     oracle at a = 0.8, k = 4 over two prompts (profile_draft). If a cycle spans about its
@@ -415,9 +460,11 @@ def profile(results: dict) -> None:
     for label, quantize, head in draft_variants():
         small, _ = bs.shape_models(ARGS.draft, ARGS.device, ARGS.dtype, quantize=quantize,
                                    quantize_head=head)
-        out[label] = profile_draft(big, small, prompts, plain_ids, params)
-        log(f"  profile {label}: {json.dumps(out[label])}")
-        SAVE[0]()
+        for scheduling in ARGS.spec_scheduling:
+            key = label if scheduling == "sync" else f"{label}_async"
+            out[key] = profile_draft(big, small, prompts, plain_ids, params, scheduling == "async")
+            log(f"  profile {key}: {json.dumps(out[key])}")
+            SAVE[0]()
         del small
         gc.collect()
         torch.cuda.empty_cache()
@@ -556,7 +603,7 @@ class HostTurns:
 
 
 def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int]],
-                  params: SamplingParams) -> dict:
+                  params: SamplingParams, overlap: bool = False) -> dict:
     """Per speculative cycle at k = 4 (the draft's rounds, one launch_rounds, then the target's
     verification, one launch_top): CUDA events recorded around both launches, each at its place
     in the stream, give the rounds' span, the device's wait between the rounds and the
@@ -564,19 +611,33 @@ def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int
     (the host's turn: result, acceptance, scheduling, staging). Then the graphs replayed alone:
     the draft's rounds (1- and 2-row catch-up, 3 rounds) and the target's 5-row verification, so
     a cycle's idle device time is its span less the replays. Works on any version of the
-    engine whose runners have launch_rounds (it only wraps the two runners' launches)."""
+    engine whose runners have launch_rounds (it only wraps the two runners' launches). ``overlap``:
+    asynchronous scheduling, the rounds launched behind the verification before (launch_rounds_after,
+    wrapped as launch_rounds is)."""
     drafter = OracleDrafter(small, 0.8, seed=1)
     drafter.follow(prompts, plain_ids)
-    engine = Engine(big, max_num_seqs=1, detail="none", drafter=drafter, num_draft=4)
+    engine = Engine(big, max_num_seqs=1, detail="none", drafter=drafter, num_draft=4, async_scheduling=overlap)
     engine.generate([prompts[0]], params)  # warm-up: compile, capture
     engine.spec_stats = SpeculativeStats()
     cycles: list[dict] = []
     launch_rounds, launch_top = small.runner.launch_rounds, big.runner.launch_top
+    launch_after = small.runner.launch_rounds_after
 
     def timed_rounds(batch, *args, **kwargs):
         begin = cuda_event()
         future = launch_rounds(batch, *args, **kwargs)
         cycles.append({"prompt": prompt_no[0], "rows": batch.num_tokens, "rounds": (begin, cuda_event())})
+        return future
+
+    def timed_after(kv, after):
+        # Whether the verification these rounds follow had ended when the host launched them (it
+        # would then be late: the device waits for the launch); and the launch's host time.
+        late = bool(cycles) and "verify" in cycles[-1] and cycles[-1]["verify"][1].query()
+        start = time.perf_counter()
+        begin = cuda_event()
+        future = launch_after(kv, after)
+        cycles.append({"prompt": prompt_no[0], "rows": after.num_seqs * after.q, "rounds": (begin, cuda_event()),
+                       "late": late, "launch_us": 1e6 * (time.perf_counter() - start)})
         return future
 
     def timed_top(*args, **kwargs):
@@ -588,6 +649,7 @@ def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int
 
     prompt_no = [0]
     small.runner.launch_rounds, big.runner.launch_top = timed_rounds, timed_top
+    small.runner.launch_rounds_after = timed_after
     host = None
     try:
         host = HostTurns(engine)
@@ -597,7 +659,7 @@ def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int
     finally:
         if host is not None:
             host.remove()
-        del small.runner.launch_rounds, big.runner.launch_top
+        del small.runner.launch_rounds, big.runner.launch_top, small.runner.launch_rounds_after
     torch.cuda.synchronize()
     rows = []
     for this, after in zip(cycles, cycles[1:] + [None]):
@@ -630,6 +692,11 @@ def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int
            "rest_ms": 1e3 * (stats.step_seconds - stats.draft_seconds - stats.verify_seconds)
            / max(stats.verify_steps, 1),
            "token_acceptance": stats.token_acceptance}
+    ahead = [c for c in cycles if "late" in c]
+    if ahead:
+        out["launched_ahead"] = len(ahead)
+        out["launched_after_the_verification_ended"] = sum(c["late"] for c in ahead)
+        out["launch_after_host_us"] = float(np.median([c["launch_us"] for c in ahead]))
     out["host_turn_us"] = host.breakdown()
     for n in (1, 2):
         cycle, replay = out.get(f"cycle_ms_{n}row"), out.get(f"replay_rounds_{n}row_catch_up_ms")
@@ -656,6 +723,10 @@ def main() -> int:
                         help="with --draft-quantize: oracle and profile run the quantized draft alone")
     parser.add_argument("--ks", default="4,2,8", help="oracle: the draft lengths k, in order")
     parser.add_argument("--alphas", default="0.8,0.6,0.9", help="oracle: the acceptances, in order")
+    parser.add_argument("--spec-scheduling", default="sync,async",
+                        help="oracle: the speculative engine's scheduling, each in turn: sync (each step "
+                             "read before the next drafts) and/or async (the next rounds launched behind "
+                             "each verification)")
     parser.add_argument("--checks", default="kernel,graphs,rounds,capture_gc",
                         help="checks: which of kernel, graphs, rounds, capture_gc to run")
     parser.add_argument("--stepwise-too", action="store_true",
@@ -672,6 +743,9 @@ def main() -> int:
         TorchRunner._piece_graphs = lambda self, rows: None  # type: ignore[method-assign]
     args.ks = [int(k) for k in args.ks.split(",")]
     args.alphas = [float(a) for a in args.alphas.split(",")]
+    args.spec_scheduling = args.spec_scheduling.split(",")
+    if not set(args.spec_scheduling) <= {"sync", "async"}:
+        parser.error(f"--spec-scheduling takes sync and/or async, not {','.join(args.spec_scheduling)}")
     Path(args.out).mkdir(parents=True, exist_ok=True)  # a folder: OUT/gpu_spec_bench.json inside it
     out = Path(args.out) / "gpu_spec_bench.json"
     card = torch.cuda.get_device_name() if args.device == "cuda" else args.device

@@ -255,5 +255,21 @@ def test_speculative_options_are_refused_for_other_workloads(options):
 def test_async_scheduling_is_refused_where_bench_cannot_use_it():
     done = cli("bench", "prefix", "--async-scheduling")
     assert done.returncode == 2
-    assert done.stderr == ("tinyinfer: error: --async-scheduling applies to bench latency and "
-                           "throughput: drop it for bench prefix\n")
+    assert done.stderr == ("tinyinfer: error: --async-scheduling applies to bench latency, throughput "
+                           "and speculative: drop it for bench prefix\n")
+    done = cli("bench", "speculative", "--speculative", "lookup", "--async-scheduling")
+    assert done.returncode == 2
+    assert done.stderr == ("tinyinfer: error: --async-scheduling overlaps speculative steps with a draft "
+                           "model only: drop it, or pass --speculative draft or oracle\n")
+
+
+def test_bench_speculative_with_async_scheduling_launches_the_draft_ahead_and_says_so(tmp_path):
+    """bench speculative --async-scheduling: the speculative engine launches a draft model's next
+    rounds behind each verification; the line and the JSON say so, the tokens are plain greedy's."""
+    out = tmp_path / "spec.json"
+    done = cli("bench", "speculative", "--speculative", "draft", "--async-scheduling", "--max-tokens", "16",
+               "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["identical"] and result["async_scheduling"] is True
+    assert "draft drafter, asynchronous scheduling, k=4" in done.stdout

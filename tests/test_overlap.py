@@ -13,7 +13,7 @@ import tinyinfer
 from tests.conftest import nan_embedding_copy
 from tinyinfer.errors import TinyInferError
 from tinyinfer.sampling import SamplingParams
-from tinyinfer.speculative import PromptLookupDrafter
+from tinyinfer.speculative import DraftModelDrafter, PromptLookupDrafter
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 
@@ -170,7 +170,7 @@ def test_a_nan_row_fails_its_request_alone(oracle_model, runner_name, tmp_path):
 def test_async_scheduling_refuses_what_it_cannot_do(model):
     with pytest.raises(TinyInferError, match="async_scheduling needs detail='none', not 'basic'"):
         tinyinfer.Engine(model, async_scheduling=True)
-    with pytest.raises(TinyInferError, match="does not overlap speculative decoding"):
+    with pytest.raises(TinyInferError, match="overlaps speculative steps with a draft model only"):
         tinyinfer.Engine(model, detail="none", async_scheduling=True, drafter=PromptLookupDrafter())
 
 
@@ -184,8 +184,10 @@ def test_generate_command_streams_the_same_text_with_async_scheduling():
     assert overlapped.stdout == plain.stdout and len(plain.stdout) > len("ROMEO:") + 20
     refused = generate("--async-scheduling", "--speculative", "lookup")
     assert refused.returncode == 2 and refused.stdout == ""
-    assert refused.stderr == ("tinyinfer: error: --async-scheduling does not overlap speculative "
-                              "decoding steps: drop --async-scheduling or --speculative\n")
+    assert refused.stderr == ("tinyinfer: error: --async-scheduling overlaps speculative steps with a "
+                              "draft model only: drop --async-scheduling, or pass --speculative draft\n")
+    drafted = generate("--async-scheduling", "--speculative", "draft")
+    assert drafted.returncode == 0 and drafted.stdout == plain.stdout
 
 
 def test_tensor_parallel_async_equals_sync_with_fed_tokens_taken_on_every_rank(monkeypatch):
@@ -215,3 +217,211 @@ def test_tensor_parallel_async_equals_sync_with_fed_tokens_taken_on_every_rank(m
         assert all({"rank0_compute", "rank1_compute"} <= set(t.rank_timings) for t in traces)
     finally:
         tp.runner.close()
+
+
+# Speculative decoding with a draft model: the next step's rounds launched behind each
+# verification, before the host reads it (DraftRun.launch_after).
+
+
+def speculative_engines(target, draft_model, **options):
+    """A speculative engine stepping synchronously and one with asynchronous scheduling, each
+    with its own draft run over the same draft model."""
+    return tuple(tinyinfer.Engine(target, detail="none", drafter=DraftModelDrafter(draft_model), num_draft=4,
+                                  async_scheduling=overlap, **options) for overlap in (False, True))
+
+
+def draft_calls(monkeypatch, engine, runner) -> dict[str, int]:
+    """Count the rounds launched behind a verification and those drafted after the host's turn."""
+    calls = {"after": 0, "adopted": 0, "propose": 0}
+    after, adopt, propose = runner.launch_rounds_after, engine.draft_run.adopt, engine.draft_run.propose
+
+    def counted_after(*args):
+        calls["after"] += 1
+        return after(*args)
+
+    def counted_adopt(*args):
+        launched = adopt(*args)
+        calls["adopted"] += launched is not None
+        return launched
+
+    def counted_propose(*args):
+        calls["propose"] += 1
+        return propose(*args)
+
+    monkeypatch.setattr(runner, "launch_rounds_after", counted_after)
+    monkeypatch.setattr(engine.draft_run, "adopt", counted_adopt)
+    monkeypatch.setattr(engine.draft_run, "propose", counted_propose)
+    return calls
+
+
+@pytest.mark.parametrize("draft_name", ["llama-mqa-tied", "llama-gqa-untied"])
+def test_async_speculative_launches_the_next_rounds_ahead_and_equals_sync(oracle_model, runner_name,
+                                                                          draft_name, monkeypatch):
+    """Same tokens as plain greedy and as the synchronous speculative engine, alone and
+    batched, with each step's rounds launched behind the verification before (most steps) and
+    adopted by the next step: with another model as the draft (few guesses kept, the step feeds
+    the target's token alone) and with the target itself (every guess kept: the step feeds the
+    last guess, which the draft had not computed, and the target's token)."""
+    target = tinyinfer.load(oracle_model("llama-gqa-untied")[0], runner=runner_name)
+    draft = tinyinfer.load(oracle_model(draft_name)[0], runner=runner_name)
+    requests = [(p, SamplingParams(temperature=0, max_tokens=int(n), ignore_eos=True))
+                for p, n in zip(prompts(4, seed=6), (9, 25, 40, 60))]
+    plain = [c.token_ids for c in tinyinfer.Engine(target).generate([p for p, _ in requests],
+                                                                      [sp for _, sp in requests])]
+    sync, overlapped = speculative_engines(target, draft, max_num_seqs=4)
+    calls = draft_calls(monkeypatch, overlapped, draft.runner)
+    for engine in (sync, overlapped):
+        alone = [run(engine, [request])[0][0].token_ids for request in requests]
+        calls.update(after=0, adopted=0, propose=0)  # count the batched run's alone
+        together = [c.token_ids for c in run(engine, requests)[0]]
+        assert alone == plain and together == plain
+        assert engine.draft_run.pool.num_used_pages == 0
+        engine.draft_run.pool.check()
+    stats = overlapped.spec_stats
+    if draft_name == "llama-gqa-untied":
+        assert stats.accepted == stats.drafted
+    # Batched, most steps adopt rounds launched ahead (each sequence with its own number of
+    # guesses, those that ended dropped): the steps after a prompt, and after one sequence
+    # could take no launch ahead, draft after the host's turn.
+    assert calls["after"] >= calls["adopted"] >= 4 * calls["propose"] > 0
+
+
+def test_rounds_launched_ahead_guess_the_targets_own_tokens_after_every_accepted_count(
+        oracle_model, runner_name):
+    """The draft model is the target, the oracle's guesses are wrong half the time, so steps
+    keep every number of guesses from none to all: the rounds launched behind each
+    verification must still guess the target's own greedy continuation from the token after
+    the ones it kept, which they do only if each accepted count's positions and slots are
+    right (the verification checks the oracle's guesses, so wrong rounds would not change the
+    output: this looks at the rounds themselves)."""
+    from tinyinfer.bench.oracle import OracleDrafter
+
+    folder, _ = oracle_model("llama-gqa-untied")
+    target, draft = (tinyinfer.load(folder, runner=runner_name) for _ in range(2))
+    long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    batch = prompts(3, seed=10)
+    plain = [c.token_ids for c in tinyinfer.Engine(target).generate(batch, long)]
+    drafter = OracleDrafter(draft, 0.5, seed=3)
+    drafter.follow(batch, plain)
+    engine = tinyinfer.Engine(target, detail="none", drafter=drafter, num_draft=4, async_scheduling=True,
+                              max_num_seqs=3)
+    checked = 0
+    adopt = engine.draft_run.adopt
+
+    def checked_adopt(seqs, ks):
+        nonlocal checked
+        launched = adopt(seqs, ks)
+        if launched is not None:
+            guesses = launched.source.result()  # the draft model's own rounds [B, k]
+            for b, seq in enumerate(seqs):
+                i = int(seq.request_id.split("-")[1])
+                done = len(seq.output_ids)
+                assert guesses[b].tolist() == plain[i][done:done + guesses.shape[1]], (i, done)
+                checked += 1
+        return launched
+
+    engine.draft_run.adopt = checked_adopt
+    done, traces = run(engine, [(p, long) for p in batch])
+    assert [c.token_ids for c in done] == plain
+    assert checked > 10
+    kept = {s.accepted for t in traces for s in t.seqs if s.draft_tokens}
+    assert {0, 4} <= kept and len(kept) >= 4  # none kept, all kept, and counts between
+
+
+def test_async_speculative_aborts_arrivals_and_a_full_pool_drop_the_rounds_launched_ahead(
+        oracle_model, runner_name):
+    """A request aborted while its rounds were launched ahead (they are dropped: the next step
+    drafts for the others as usual), one arriving (admitted beside the running ones, whose
+    rounds it does not disturb), and a draft pool too small for the worst case (nothing is
+    launched ahead): the tokens are the synchronous engine's."""
+    target = tinyinfer.load(oracle_model("llama-gqa-untied")[0], runner=runner_name)
+    draft = tinyinfer.load(oracle_model("llama-gqa-untied")[0], runner=runner_name)
+    first, second, late = prompts(3, seed=8)
+    long = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+
+    def between(engine, step):
+        if step == 4:
+            engine.abort_request("req-0")
+        if step == 6:
+            return [engine.add_request(late, long, request_id="late")]
+        return []
+
+    for options in ({}, {"draft_num_pages": 9, "page_size": 4}):  # (how far a step drafts depends on it)
+        results = []
+        for engine in speculative_engines(target, draft, max_num_seqs=3, **options):
+            results.append(run(engine, [(first, long), (second, long)], between)[0])
+            assert engine.draft_run.pool.num_used_pages == 0
+        want, got = results
+        assert [(c.token_ids, c.finish_reason) for c in got] == [(c.token_ids, c.finish_reason) for c in want]
+        assert got[0].finish_reason == "abort"
+        assert got[2].token_ids == tinyinfer.Engine(target).generate([late], long)[0].token_ids
+
+
+def test_async_speculative_a_nan_row_fails_its_request_alone(oracle_model, runner_name, tmp_path):
+    """A verification row the runner refuses (NaN logits: a guessed token whose embedding is
+    NaN in the target) with rounds launched behind it: that request fails, the others go on,
+    as in the synchronous engine (the rounds' K/V is not trusted past the verified tokens). The
+    draft is the clean target, so it guesses the target's own tokens, the corrupt one too."""
+    folder, _ = oracle_model("llama-gqa-untied")
+    clean = tinyinfer.load(folder, runner=runner_name)
+    long = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    batch = prompts(3, seed=9)
+    plain = [c.token_ids for c in tinyinfer.Engine(clean).generate(batch, long)]
+    seen = {t for p in batch for t in p} | set(plain[0][:8])
+    bad = next(t for t in plain[0][8:] if t not in seen)  # first met as request 0's guess, past step 2
+    corrupt = tinyinfer.load(nan_embedding_copy(folder, tmp_path / "m", bad), runner=runner_name)
+    requests = [(p, long) for p in batch]
+    want, got = (run(engine, requests)[0] for engine in speculative_engines(corrupt, clean, max_num_seqs=3))
+    assert [(c.token_ids, c.finish_reason) for c in got] == [(c.token_ids, c.finish_reason) for c in want]
+    assert got[0].finish_reason == "error"
+    assert [c.token_ids for c, p in zip(got, plain) if bad not in p] == [p for p in plain if bad not in p]
+
+
+def test_the_devices_choice_of_inputs_is_the_hosts_rule():
+    """``choose_after`` (the torch runner's choice of the next step's inputs from a verification
+    it has not read) against ``AfterVerification.chosen`` (the host's rule, once read): for
+    random verifications and guesses that agree with them for a random number of places, the
+    same tokens, positions and slots for every row that computes, the same rounds."""
+    import torch
+
+    from tinyinfer.runners.runner import AfterVerification, TopFuture, TopLogits
+    from tinyinfer.runners.torch_fast import choose_after
+
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        seqs, k, n = int(rng.integers(1, 5)), int(rng.integers(1, 6)), int(rng.integers(0, 4))
+        ks = rng.integers(1, k + 1, seqs)
+        argmax = rng.integers(0, 50, int((ks + 1).sum()) + 3)
+        rows = np.full((seqs, k + 1), -1)
+        guesses = np.full((seqs, k), -1)
+        positions = np.full((seqs, k + 1, 2 + n), -1)
+        start = 3
+        for b, kb in enumerate(ks):
+            rows[b, :kb + 1] = np.arange(start, start + kb + 1)
+            keep = int(rng.integers(0, kb + 1))  # guesses equal to the verification's choices
+            guesses[b, :kb] = argmax[start:start + kb]
+            wrong = rng.random(kb) < 0.5  # past the first wrong one, some are right again
+            wrong[:keep] = False
+            if keep < kb:
+                wrong[keep] = True
+            guesses[b, :kb] += wrong * (1 + rng.integers(0, 3, kb))
+            start += kb + 1
+            base = int(rng.integers(5, 40))
+            for a in range(kb + 1):
+                positions[b, a, 0 if a == kb else 1:] = base + a + np.arange(2 + n)[0 if a == kb else 1:]
+        slots = np.where(positions >= 0, positions + 1000, -1)
+        top = TopLogits(argmax[:, None], np.zeros((len(argmax), 1)), np.zeros(len(argmax)))
+        after = AfterVerification(TopFuture.done(top), rows, guesses, positions, slots,
+                                  tuple((1, 2) for _ in range(seqs)), q=2)
+        batch, rounds = after.chosen()
+        staged_positions, staged_slots = np.where(slots < 0, 0, positions), np.where(slots < 0, 7, slots)
+        tokens, step_positions, step_slots, round_positions, round_slots = (
+            t.numpy() for t in choose_after(torch.from_numpy(argmax), torch.from_numpy(rows),
+                                            torch.from_numpy(guesses), torch.from_numpy(staged_positions),
+                                            torch.from_numpy(staged_slots), 2))
+        computes = step_slots != 7
+        assert tokens[computes].tolist() == batch.token_ids.tolist()
+        assert step_positions[computes].tolist() == batch.positions.tolist()
+        assert step_slots[computes].tolist() == batch.slot_mapping.tolist()
+        staged = rounds.staged(7)
+        assert round_positions.tolist() == staged[0].tolist() and round_slots.tolist() == staged[1].tolist()

@@ -13,7 +13,15 @@ import pytest
 import tinyinfer
 from tinyinfer.errors import TinyInferError
 from tinyinfer.runners.numpy_ref import NumpyRunner
-from tinyinfer.runners.runner import Feed, ModelRunner, Rounds, RunnerInfo, launch_rounds_stepwise, make_batch
+from tinyinfer.runners.runner import (
+    AfterVerification,
+    Feed,
+    ModelRunner,
+    Rounds,
+    RunnerInfo,
+    launch_rounds_stepwise,
+    make_batch,
+)
 from tinyinfer.runners.torch_fast import TorchRunner
 from tinyinfer.runners.tp.runner import TensorParallelRunner
 from tinyinfer.runners.tp.shard import ShardRunner
@@ -33,7 +41,7 @@ def protocol_members() -> set[str]:
 def test_the_protocol_declares_what_the_engine_uses():
     assert protocol_members() == {"config", "name", "capture_attention", "last_attention", "last_timings",
                                   "info", "new_kv_cache", "forward", "forward_top", "launch_top", "launch_rounds",
-                                  "copy_page", "close"}
+                                  "launch_rounds_after", "copy_page", "close"}
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +210,38 @@ def test_launch_top_takes_guesses_from_launched_rounds_beside_its_own_tokens_on_
         assert (rounds.result()[:, :3] >= 0).all() and (rounds.result()[:, 3] == -1).all(), name
         assert (fed_top.ids == by_hand.ids).all(), name
         np.testing.assert_allclose(fed_top.values, by_hand.values, rtol=1e-6, err_msg=name)
+
+
+def test_launch_rounds_after_is_launch_rounds_on_what_the_verification_accepted_on_every_runner(runners):
+    """Rounds launched behind a verification: each sequence's step and rounds picked by the
+    guesses it accepts (sequence 0 all of its 2: its step feeds its last guess and the target's
+    token; sequence 1 none: the target's token alone) equal ``launch_rounds`` of those, written
+    by hand once the verification is read."""
+    _, by_name = runners
+    for name, runner in by_name.items():
+        out = []
+        for after in (True, False):
+            kv = runner.new_kv_cache(8, 4)
+            runner.forward(make_batch([(list(p), 0, pages, False) for p, pages in zip(PROMPTS, PAGES)], 4), kv)
+            verify = runner.launch_top(make_batch([([7, 1, 2], 4, PAGES[0], True), ([11, 3, 4], 3, PAGES[1], True)],
+                                                  4), kv, 1)
+            ids = verify.result().ids[:, 0]
+            guesses = np.array([ids[0:2], [ids[3] + 1, ids[4]]])  # 0: both kept; 1: the first wrong
+            positions = np.full((2, 3, 4), -1)
+            for b, start in enumerate((5, 4)):  # the guesses' first positions
+                for a in range(3):
+                    positions[b, a, 0 if a == 2 else 1:] = start + a - 1 + np.arange(4)[0 if a == 2 else 1:]
+            slots = np.where(positions >= 0, [[[slot(PAGES[b], max(p, 0)) for p in row] for row in positions[b]]
+                                              for b in range(2)], -1)
+            table = AfterVerification(verify, np.array([[0, 1, 2], [3, 4, 5]]), guesses, positions, slots,
+                                      tuple(tuple(p) for p in PAGES), q=2)
+            if after:
+                out.append(runner.launch_rounds_after(kv, table).result())
+            else:
+                step = make_batch([([int(ids[1]), int(ids[2])], 6, PAGES[0], True), ([int(ids[3])], 4, PAGES[1], True)], 4)
+                out.append(runner.launch_rounds(step, kv, Rounds(positions[[0, 1], [2, 0], 2:].T,
+                                                                 slots[[0, 1], [2, 0], 2:].T)).result())
+        assert (out[0] == out[1]).all(), name
 
 
 def test_the_torch_runners_rounds_function_equals_the_stepwise_rule(runners):

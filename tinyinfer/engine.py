@@ -30,7 +30,16 @@ from tinyinfer.errors import (
 )
 from tinyinfer.kv import PagePool
 from tinyinfer.model import Model, check_token_ids
-from tinyinfer.runners.runner import Batch, Feed, Rounds, TokensFuture, TopFuture, TopLogits, make_batch
+from tinyinfer.runners.runner import (
+    AfterVerification,
+    Batch,
+    Feed,
+    Rounds,
+    TokensFuture,
+    TopFuture,
+    TopLogits,
+    make_batch,
+)
 from tinyinfer.sampling import (
     MAX_LOGPROBS,
     SamplingParams,
@@ -141,9 +150,9 @@ class Engine:
         self.spec_stats = SpeculativeStats()
         if drafter is not None:
             _check_drafter(model, drafter, config.num_draft)
-            if config.async_scheduling:
-                raise TinyInferError("async_scheduling does not overlap speculative decoding "
-                                     "steps: drop the drafter or async_scheduling")
+            if config.async_scheduling and not isinstance(drafter, DraftModelDrafter):
+                raise TinyInferError("async_scheduling overlaps speculative steps with a draft model "
+                                     "only: drop async_scheduling, or draft with a model")
         # The draft model's own KV pages, run by the engine (speculative decoding with a draft model).
         self.draft_run = (DraftRun(drafter, config.draft_num_pages, config.page_size)
                           if isinstance(drafter, DraftModelDrafter) else None)
@@ -170,7 +179,9 @@ class Engine:
         self._queued: list[RequestStart] = []  # for the next trace (detail basic and full)
         self._described: set[int] = set()  # token ids whose text a trace carried already
         # Asynchronous scheduling: the step launched ahead, and how the next one is planned.
-        self._overlap = OverlapSteps(self) if config.async_scheduling else None
+        # With a draft model it launches the next step's rounds behind each verification instead
+        # (``_draft_ahead``): a speculative step's next input is the verification's outcome.
+        self._overlap = OverlapSteps(self) if config.async_scheduling and drafter is None else None
 
     def _default_num_pages(self) -> int:
         """As many pages as kv_cache_memory pays for at the runner's bytes per value, scales
@@ -265,7 +276,8 @@ class Engine:
         """Schedule one batch, run the model once, sample, and report what happened.
 
         With async_scheduling, a plain greedy decode step returns once the next step is queued
-        on the device (``OverlapSteps``); its trace still describes this step alone."""
+        on the device (``OverlapSteps``), and a speculative step with a draft model once the
+        next step's rounds are (``_draft_ahead``); its trace still describes this step alone."""
         if self._overlap is not None:
             return self._overlap.step()
         t0 = time.perf_counter()
@@ -396,12 +408,38 @@ class Engine:
             launched = time.perf_counter()
             guesses = drafts.result()  # the rounds' argmaxes land before the verification has run
             t2 = launch + time.perf_counter() - launched
+            if guesses and self.config.async_scheduling:
+                self._draft_ahead(chunks, guesses, rows, future)
             top = future.result()
         except InvalidLogitsError:
             return None
         t3 = time.perf_counter()
         steps, freed = self._greedy_advance(chunks, top, rows, guesses)
         return steps, freed, t2, t3, future.device_seconds
+
+    def _draft_ahead(self, chunks: list[Chunk], guesses: dict[int, Draft], rows: list[slice],
+                     verification: TopFuture) -> None:
+        """Asynchronous scheduling with a draft model: launch the next step's draft rounds behind
+        the verification (``DraftRun.launch_after``) where that step is certain to draft for
+        these sequences, whatever each keeps: every running one decodes plain greedy with
+        guesses. Each drafts as many as its lookahead allows after keeping all its guesses (the
+        lookahead bounds a step's guesses, and one that keeps fewer has room for more); one
+        with no room then gets no rounds. Else the next step drafts after the host's turn."""
+        scheduler = self.scheduler
+        running = scheduler.running
+        if (self.draft_run is None or len(chunks) != len(running)
+                or any(c.seq is not s for c, s in zip(chunks, running))):
+            return  # (an admission comes after the running sequences: it changes nothing here)
+        drafted = [guesses.get(c.seq.seq_id) for c in chunks]
+        if any(c.kind != "decode" or d is None or not d.tokens
+               or not is_plain_greedy(c.seq.params, len(c.seq.output_ids), 1) for c, d in zip(chunks, drafted)):
+            return
+        # each sequence's lookahead after keeping every guess: the least it may have next
+        ks = [scheduler.lookahead(c.seq, emitted=len(d.tokens) + 1) for c, d in zip(chunks, drafted)]
+        ahead = [i for i, k in enumerate(ks) if k > 0]  # the others may not draft next time
+        if ahead:
+            self.draft_run.launch_after([chunks[i].seq for i in ahead], [drafted[i].tokens for i in ahead],
+                                        [rows[i] for i in ahead], verification, [ks[i] for i in ahead])
 
     def _launch_top(self, batch: Batch, chunks: list[Chunk], feed: Feed | None = None) -> TopFuture:
         """Queue a greedy step on the runner: its top logits, on their way to the host. As many
@@ -442,7 +480,8 @@ class Engine:
         seqs = [c.seq for c in chunks if c.kind == "decode"]
         ks = [self.scheduler.lookahead(seq) for seq in seqs]
         if self.draft_run is not None:
-            return self.draft_run.propose(seqs, ks)
+            launched = self.draft_run.adopt(seqs, ks)  # rounds launched behind the last verification
+            return launched if launched is not None else self.draft_run.propose(seqs, ks)
         drafts = self.drafter.propose(seqs, ks)
         return LaunchedDrafts.known({seq.seq_id: d for seq, d in zip(seqs, drafts) if d.tokens})
 
@@ -793,6 +832,7 @@ class DraftRun:
         self.pool = PagePool(num_pages, page_size, enable_prefix_caching=False)
         self.kv_cache = self.runner.new_kv_cache(num_pages, page_size)
         self.computed: dict[int, int] = {}  # seq_id -> tokens whose K/V the draft holds
+        self.ahead: DraftAhead | None = None  # the next step's rounds, launched (launch_after)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> LaunchedDrafts:
         """Up to ks[i] guesses per sequence: k draft-model rounds, batched over sequences
@@ -861,6 +901,72 @@ class DraftRun:
         rows = {seqs[i].seq_id: row * rounds + np.arange(ks[i]) for row, i in enumerate(active)}
         return LaunchedDrafts({}, future, rows)
 
+    def launch_after(self, seqs: list[Sequence], guesses: list[tuple[int, ...]], rows: list[slice],
+                     verification: TopFuture, ks: list[int]) -> None:
+        """Launch the next step's catch-up and greedy rounds (ks[i] guesses for sequence i) now,
+        behind the verification of ``guesses`` (its rows ``rows`` of each sequence), before the
+        host reads it: the runner picks each sequence's inputs by the guesses it keeps
+        (``AfterVerification``).
+
+        A sequence that keeps a of its g guesses (the draft computed the first g - 1 in its
+        rounds) catches up on its a-th guess (only where a = g: the draft never computed the
+        last one) and the target's token after it, at positions L + a - 1 and L + a (L: the
+        first guess's position), then runs k - 1 rounds from L + a + 1. Pages are reserved for
+        the most it may take; where the pool cannot, nothing is launched. The caller plans: the
+        next step drafts for these sequences, each up to its k, whatever they keep (``adopt``)."""
+        if not all(self._reserve(seq, len(g) + k) for seq, g, k in zip(seqs, guesses, ks)):
+            return
+        width, most = max(len(g) for g in guesses), max(ks)
+        verified = np.full((len(seqs), width + 1), -1, dtype=np.int64)
+        checked = np.full((len(seqs), width), -1, dtype=np.int64)
+        positions = np.full((len(seqs), width + 1, 2 + most - 1), -1, dtype=np.int64)  # -1: sits out
+        slots = positions.copy()
+        size = self.pool.page_size
+        for b, (seq, g, r, k) in enumerate(zip(seqs, guesses, rows, ks)):
+            verified[b, :len(g) + 1] = np.arange(r.start, r.start + len(g) + 1)
+            checked[b, :len(g)] = g
+            # keeping a guesses: positions L + a - 1 (the a-th guess; only where a = g) .. L + a + k - 1
+            at = seq.num_tokens + np.arange(len(g) + 1)[:, None] + np.arange(-1, k)[None, :]  # [g + 1, k + 1]
+            at[:len(g), 0] = -1  # the draft computed the a-th guess in its rounds where a < g
+            table = np.asarray(self.pool.pages(seq.seq_id), dtype=np.int64)
+            positions[b, :len(g) + 1, :k + 1] = at
+            slots[b, :len(g) + 1, :k + 1] = np.where(at >= 0, table[np.maximum(at, 0) // size] * size + at % size, -1)
+        after = AfterVerification(verification, verified, checked, positions, slots,
+                                  tuple(tuple(self.pool.pages(s.seq_id)) for s in seqs), q=2)
+        future = self.runner.launch_rounds_after(self.kv_cache, after)
+        self.ahead = DraftAhead(dict(zip((s.seq_id for s in seqs), ks)), most, future)
+
+    def adopt(self, seqs: list[Sequence], ks: list[int]) -> LaunchedDrafts | None:
+        """The rounds ``launch_after`` launched, as this step's guesses, if every sequence that
+        drafts now (lookahead ``ks`` above 0) had rounds launched and may take their guesses;
+        else None, and they are forgotten. Rounds of sequences that do not draft now (ended,
+        preempted, or out of lookahead) are forgotten alone."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is None:
+            return None
+        drafting = [(s, k) for s, k in zip(seqs, ks) if k > 0]
+        if not drafting or any(ahead.ks.get(s.seq_id, k + 1) > k for s, k in drafting):
+            self._forget(ahead, ahead.ks)
+            return None
+        self._forget(ahead, ahead.ks.keys() - {s.seq_id for s, _ in drafting})
+        order = {seq_id: b for b, seq_id in enumerate(ahead.ks)}  # rows of the launch's argmax
+        for seq, _ in drafting:  # the catch-up computed up to the target's token (``rollback``), then the rounds
+            self.computed[seq.seq_id] += ahead.ks[seq.seq_id] - 1
+        chosen = [s for s, _ in drafting]
+        fixed = self.drafter.fixed_guesses(chosen, [ahead.ks[s.seq_id] for s in chosen])
+        if fixed is not None:
+            return LaunchedDrafts({s.seq_id: Draft(tuple(own)) for s, own in zip(chosen, fixed)}, ahead.future)
+        rows = {s.seq_id: order[s.seq_id] * ahead.width + np.arange(ahead.ks[s.seq_id]) for s in chosen}
+        return LaunchedDrafts({}, ahead.future, rows)
+
+    def _forget(self, ahead: DraftAhead, seq_ids) -> None:
+        """Rounds launched for sequences ``seq_ids`` that the step after does not take: each
+        one's catch-up computed its last token, which its next one computes again (a catch-up
+        needs a token to start from)."""
+        for seq_id in seq_ids:
+            if seq_id in self.computed:
+                self.computed[seq_id] -= 1
+
     def _advance(self, seq: Sequence) -> int:
         """One more of the sequence's tokens goes to the draft: the position it takes."""
         start = self.computed[seq.seq_id]
@@ -879,8 +985,17 @@ class DraftRun:
         return True
 
     def rollback(self, seq: Sequence) -> None:
-        """Forget the draft's K/V beyond what the target accepted (seq.num_computed)."""
+        """Forget the draft's K/V beyond what the target accepted (seq.num_computed); where the
+        next rounds were launched behind the verification, the draft holds K/V up to the
+        target's new token (its rounds computed the kept guesses, the launched step the last
+        of them where all were kept, and the target's token), and the rounds' pages stay.
+        (Pages freed here or by ``release`` may still be written by rounds queued on the
+        device: whoever gets them next writes later in the same stream.)"""
         if seq.seq_id in self.computed:
+            if self.ahead is not None and seq.seq_id in self.ahead.ks:
+                self.computed[seq.seq_id] = seq.num_tokens
+                self.pool.truncate(seq.seq_id, seq.num_tokens + self.ahead.ks[seq.seq_id] - 1)  # the rounds' pages stay
+                return
             keep = min(self.computed[seq.seq_id], seq.num_computed)
             self.computed[seq.seq_id] = keep
             self.pool.truncate(seq.seq_id, keep)
@@ -889,6 +1004,17 @@ class DraftRun:
         """The sequence is gone: free its draft pages."""
         if self.computed.pop(seq.seq_id, None) is not None:
             self.pool.free(seq.seq_id)
+
+
+@dataclass(frozen=True)
+class DraftAhead:
+    """A draft model's next rounds, launched behind the verification they follow
+    (``DraftRun.launch_after``): for which sequences, how many guesses each, and their future
+    (sequence b's guesses at rows b * width + r of its argmax)."""
+
+    ks: dict[int, int]  # seq_id -> guesses launched, in the launch's order
+    width: int  # guesses a sequence's row of the future's argmax holds (the most of ks)
+    future: TokensFuture
 
 
 @dataclass

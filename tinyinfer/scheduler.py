@@ -145,9 +145,10 @@ class Scheduler:
             budget = self._admit(budget, out)
         return out
 
-    def lookahead(self, seq: Sequence) -> int:
-        """Draft slots a decoding sequence may use: never past its max_tokens."""
-        room = seq.params.max_tokens - len(seq.output_ids) - 1
+    def lookahead(self, seq: Sequence, emitted: int = 0) -> int:
+        """Draft slots a decoding sequence may use: never past its max_tokens (once it has
+        ``emitted`` more tokens: a step planned ahead)."""
+        room = seq.params.max_tokens - len(seq.output_ids) - emitted - 1
         return max(0, min(self.config.num_lookahead_slots, room))
 
     def _make_room(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:

@@ -184,6 +184,9 @@ class SpeculativeResult:
     # plain decoding with asynchronous scheduling (step N + 1 launched before N is read): its
     # fastest, where plain_tokens_per_second reads each step before the next, as speculative steps do
     plain_async_tokens_per_second: float = 0.0
+    # the speculative engine's own scheduling: asynchronous, a draft model's next rounds launched
+    # behind each verification (draft_step_ms and verify_ms are then the host's view of a step)
+    async_scheduling: bool = False
 
     @property
     def speedup(self) -> float:
@@ -249,14 +252,16 @@ def greedy_alone(engine: Engine, prompts: list[list[int]], max_tokens: int,
 def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_tokens: int = 128,
                       num_draft: int = 4,
                       plain: tuple[list[list[int]], float] | None = None,
-                      plain_async: tuple[list[list[int]], float] | None = None) -> SpeculativeResult:
+                      plain_async: tuple[list[list[int]], float] | None = None,
+                      spec_async: bool = False) -> SpeculativeResult:
     """Greedy decode of each prompt alone, plain vs speculative (warmed up once each).
 
     Plain decoding twice: as the speculative engine steps (each step's tokens read before the
     next is launched), and with asynchronous scheduling, its fastest. ``plain``, ``plain_async``:
     greedy_alone's results for those, when several drafters share them. The oracle drafter
     follows the plain run's tokens through an untimed speculative pass, then the tokens of that
-    pass through the timed one (see bench/oracle.py).
+    pass through the timed one (see bench/oracle.py). ``spec_async``: the speculative engine
+    with asynchronous scheduling (a draft model's next rounds launched behind each verification).
     """
     if plain is None:
         plain = greedy_alone(Engine(model, max_num_seqs=1, detail="none"), prompts, max_tokens)
@@ -264,7 +269,8 @@ def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_
         plain_async = greedy_alone(Engine(model, max_num_seqs=1, detail="none", async_scheduling=True),
                                    prompts, max_tokens, "plain, asynchronous")
     plain_ids, plain_s = plain
-    spec_engine = Engine(model, max_num_seqs=1, detail="none", drafter=drafter, num_draft=num_draft)
+    spec_engine = Engine(model, max_num_seqs=1, detail="none", drafter=drafter, num_draft=num_draft,
+                         async_scheduling=spec_async)
     oracle = isinstance(drafter, OracleDrafter)
     if oracle:
         drafter.follow(prompts, plain_ids)
@@ -284,4 +290,4 @@ def bench_speculative(model: Model, drafter: Any, prompts: list[list[int]], max_
                              stats.acceptance_rate, stats.token_acceptance, stats.mean_accepted,
                              spec == plain_ids == plain_async[0], 1e3 * plain_step, 1e3 * draft_step,
                              1e3 * verify_time, 1e3 * other, closed, drafter.acceptance if oracle else None,
-                             tokens / plain_async[1])
+                             tokens / plain_async[1], spec_async)

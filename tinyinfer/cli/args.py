@@ -100,10 +100,13 @@ def add_kv_cache_dtype_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def add_async_scheduling_arg(parser: argparse.ArgumentParser) -> None:
-    """`--async-scheduling`, as vLLM spells it (generate, serve, bench latency and throughput)."""
+    """`--async-scheduling`, as vLLM spells it (generate, serve, bench latency, throughput and
+    speculative)."""
     parser.add_argument("--async-scheduling", action="store_true",
                         help="prepare the next decode step on the host while the device runs this "
-                             "one (plain greedy decode steps overlap; the rest run one at a time)")
+                             "one (plain greedy decode steps overlap, and with a draft model the "
+                             "next guesses are launched behind each verification; the rest run "
+                             "one at a time)")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:

@@ -140,9 +140,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.acceptance is not None and not 0 <= args.acceptance <= 1:
         raise TinyInferError(f"--acceptance must be within 0..1, got {args.acceptance}")
     draft_quantization(args, MODEL_DRAFTERS)  # refuses a bad combination before any model loads
-    if args.async_scheduling and args.workload not in ("latency", "throughput"):
-        raise TinyInferError("--async-scheduling applies to bench latency and throughput: drop it "
-                             f"for bench {args.workload}")
+    if args.async_scheduling and args.workload not in ("latency", "throughput", "speculative"):
+        raise TinyInferError("--async-scheduling applies to bench latency, throughput and speculative: "
+                             f"drop it for bench {args.workload}")
+    if args.async_scheduling and args.workload == "speculative" and args.speculative not in MODEL_DRAFTERS:
+        raise TinyInferError("--async-scheduling overlaps speculative steps with a draft model only: "
+                             f"drop it, or pass --speculative {' or '.join(MODEL_DRAFTERS)}")
     if args.workload in ("latency", "throughput") or args.preset:
         return _bench_shapes(args)
     from tinyinfer.bench import workloads as bench
@@ -256,8 +259,10 @@ def _bench_speculative(model, args: argparse.Namespace):
     drafter = make_drafter(args, preset=args.preset, acceptance=args.acceptance)
     result = bench.bench_speculative(model, drafter,
                                      bench.speculative_prompts(model, args.task),
-                                     max_tokens=args.max_tokens, num_draft=args.num_draft)
-    print(f"{result.drafter} drafter, k={result.num_draft}, {args.task}: plain "
+                                     max_tokens=args.max_tokens, num_draft=args.num_draft,
+                                     spec_async=args.async_scheduling)
+    scheduling = ", asynchronous scheduling" if result.async_scheduling else ""
+    print(f"{result.drafter} drafter{scheduling}, k={result.num_draft}, {args.task}: plain "
           f"{result.plain_tokens_per_second:.1f} tok/s (asynchronous scheduling "
           f"{result.plain_async_tokens_per_second:.1f}), speculative "
           f"{result.speculative_tokens_per_second:.1f} tok/s ({result.speedup:.2f}x; "
@@ -274,9 +279,9 @@ def _bench_speculative(model, args: argparse.Namespace):
 def cmd_generate(args: argparse.Namespace) -> int:
     import tinyinfer
 
-    if args.async_scheduling and args.speculative:  # refused before any model loads
-        raise TinyInferError("--async-scheduling does not overlap speculative decoding steps: drop "
-                             "--async-scheduling or --speculative")
+    if args.async_scheduling and args.speculative and args.speculative != "draft":  # before any model loads
+        raise TinyInferError("--async-scheduling overlaps speculative steps with a draft model only: "
+                             "drop --async-scheduling, or pass --speculative draft")
     draft_quantization(args, ("draft",))
     params = sampling_params(args)
     model = load_model(args)

@@ -23,6 +23,7 @@ from tinyinfer.quant import (
     unpack_int4,
 )
 from tinyinfer.runners.runner import (
+    AfterVerification,
     Batch,
     Feed,
     RankTiming,
@@ -33,6 +34,7 @@ from tinyinfer.runners.runner import (
     TopLogits,
     check_kv_cache_dtype,
     fed_batch,
+    launch_rounds_after_stepwise,
     launch_rounds_stepwise,
     top_logits,
 )
@@ -316,6 +318,10 @@ class NumpyRunner:
     def launch_rounds(self, batch: Batch, kv_cache: NumpyKVCache, rounds: Rounds) -> TokensFuture:
         """Greedy rounds as the rule has them: one step after another (each computed at once)."""
         return launch_rounds_stepwise(self, batch, kv_cache, rounds)
+
+    def launch_rounds_after(self, kv_cache: NumpyKVCache, after: AfterVerification) -> TokensFuture:
+        """Computed at once: the rule (``launch_rounds_after_stepwise``)."""
+        return launch_rounds_after_stepwise(self, kv_cache, after)
 
     def norm(self, name: str, x: np.ndarray) -> np.ndarray:
         if self.config.family == "gpt2":

@@ -217,6 +217,80 @@ class Rounds:
         return np.where(out, 0, self.positions), np.where(out, scratch_slot, self.slots)
 
 
+@dataclass(frozen=True)
+class AfterVerification:
+    """A draft model's next step and rounds, launched while the verification they follow still
+    runs (``launch_rounds_after``): what each sequence feeds depends on how many of its guesses
+    the target accepts, so its inputs are given for every accepted count a, and the runner picks
+    them where the verification's argmax lies (on the device: the host need not read it first).
+
+    Sequence b's verification checked guesses ``guesses[b, :k_b]`` against its rows
+    ``rows[b, :k_b + 1]`` of the verification's argmax; it accepts a = the guesses before the
+    first that differs from the target's choice (``verify_greedy``'s rule). Its step then
+    feeds the last q verified tokens up to the target's choice after its accepted guesses
+    (argmax rows ``rows[b, a - q + 1 .. a]``) at ``positions[b, a, :q]``, writing their K/V at
+    ``slots[b, a, :q]`` (-1 in both: the row sits out, e.g. a token the draft computed
+    already), and then ``positions[b, a, q:]`` / ``slots[b, a, q:]`` are its rounds (``Rounds``,
+    -1: sits out, the same for every a)."""
+
+    verification: TopFuture
+    rows: np.ndarray  # [B, k + 1] int64: rows of the verification's argmax (-1 past k_b + 1)
+    guesses: np.ndarray  # [B, k] int64: the guesses checked (-1 past k_b)
+    positions: np.ndarray  # [B, k + 1, q + n] int64
+    slots: np.ndarray  # [B, k + 1, q + n] int64
+    page_tables: tuple[tuple[int, ...], ...]  # [B] each sequence's draft pages
+    q: int  # tokens a sequence's step feeds (rows sitting out included)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.page_tables)
+
+    @property
+    def num_rounds(self) -> int:
+        return int(self.positions.shape[2]) - self.q
+
+    def chosen(self) -> tuple[Batch, Rounds]:
+        """The step and rounds as the host builds them once the verification has run (waits for
+        it): rows that sit out dropped from the step."""
+        ids = self.verification.host_argmax()
+        verified = np.where(self.rows >= 0, ids[np.maximum(self.rows, 0)], -1)
+        accepted = accepted_counts(verified, self.guesses)
+        tokens, positions, slots, starts = [], [], [], [0]
+        round_positions, round_slots = [], []
+        for b, a in enumerate(accepted.tolist()):
+            step = self.positions[b, a, :self.q]
+            live = np.flatnonzero(step >= 0)
+            tokens.append(verified[b, a - self.q + 1 + live])
+            positions.append(step[live])
+            slots.append(self.slots[b, a, :self.q][live])
+            starts.append(starts[-1] + len(live))
+            round_positions.append(self.positions[b, a, self.q:])
+            round_slots.append(self.slots[b, a, self.q:])
+        positions_all = np.concatenate(positions)
+        batch = Batch(token_ids=np.concatenate(tokens), positions=positions_all,
+                      query_starts=np.asarray(starts, dtype=np.int64),
+                      context_lens=np.asarray([p[-1] + 1 for p in positions], dtype=np.int64),
+                      page_tables=self.page_tables, slot_mapping=np.concatenate(slots),
+                      logits_rows=np.arange(len(positions_all), dtype=np.int64))
+        return batch, Rounds(np.stack(round_positions, axis=1), np.stack(round_slots, axis=1))
+
+
+def accepted_counts(verified: np.ndarray, guesses: np.ndarray) -> np.ndarray:
+    """Each sequence's accepted count [B] from its verified argmaxes [B, k + 1] and guesses
+    [B, k]: the leading guesses equal to the target's choices (``verify_greedy``'s rule; -1, no
+    guess, never is)."""
+    same = (verified[:, :-1] == guesses) & (guesses >= 0)
+    return np.cumprod(same, axis=1).sum(axis=1)
+
+
+def launch_rounds_after_stepwise(runner: ModelRunner, kv_cache: Any, after: AfterVerification) -> TokensFuture:
+    """``launch_rounds_after`` as the host does it: wait for the verification, pick each
+    sequence's step and rounds, ``launch_rounds`` them (the rule; the way of a runner that
+    computes each launch at once, or of any without a faster one)."""
+    batch, rounds = after.chosen()
+    return runner.launch_rounds(batch, kv_cache, rounds)
+
+
 def last_logits_rows(batch: Batch) -> np.ndarray:
     """Each sequence's last row among the batch's logits rows [B] (an index into the logits)."""
     return np.searchsorted(batch.logits_rows, batch.query_starts[1:]) - 1
@@ -368,6 +442,12 @@ class ModelRunner(Protocol):
         queued before the host waits (``launch_rounds_stepwise`` is the rule; a runner may run
         the rounds as one launch, e.g. one CUDA graph, and leave their argmaxes on the device,
         ``TokensFuture.argmax``, for a later launch's Feed)."""
+
+    def launch_rounds_after(self, kv_cache: Any, after: AfterVerification) -> TokensFuture:
+        """``launch_rounds`` for a step that follows a verification still under way: each
+        sequence's step and rounds chosen by how many of its guesses the verification accepts
+        (``AfterVerification``), where its argmax lies (on the device: queued before the host has
+        read the verification; ``launch_rounds_after_stepwise`` is the rule)."""
 
     def copy_page(self, kv_cache: Any, src: int, dst: int) -> None:
         """Copy one page's K/V (all layers), for sequences forked from a shared prefix."""

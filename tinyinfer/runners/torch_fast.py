@@ -54,6 +54,7 @@ from tinyinfer.errors import TinyInferError
 from tinyinfer.runners import torch_layers as layers
 from tinyinfer.runners import triton_env
 from tinyinfer.runners.runner import (
+    AfterVerification,
     Batch,
     Feed,
     RankTiming,
@@ -63,9 +64,10 @@ from tinyinfer.runners.runner import (
     TopFuture,
     TopLogits,
     check_kv_cache_dtype,
+    launch_rounds_after_stepwise,
     launch_rounds_stepwise,
 )
-from tinyinfer.runners.torch_graphs import DecodeGraphs
+from tinyinfer.runners.torch_graphs import ChosenInputs, DecodeGraphs
 from tinyinfer.runners.torch_layers import PrefillChunks
 from tinyinfer.runners.torch_pieces import PieceGraphs
 from tinyinfer.runners.torch_weights import DeviceWeights, pick_device, pick_dtype
@@ -453,6 +455,48 @@ class TorchRunner:
                 return launch_rounds_stepwise(self, batch, kv_cache, rounds)
         return _tokens_future(ids, rounds.slots.T < 0)
 
+    def launch_rounds_after(self, kv_cache: TorchKVCache, after: AfterVerification) -> TokensFuture:
+        """The inputs chosen where the verification's argmax lies (``choose_after``), then the
+        rounds as ``launch_rounds`` runs them: replayed from its CUDA graph with
+        ``cuda_graphs``, else as one function (``_greedy_rounds``); nothing waits for the
+        verification. The rule, ``launch_rounds_after_stepwise``, for a verification computed
+        elsewhere, a step of more than MAX_ROUNDS_CATCH_UP tokens, and with graphs for no
+        rounds or a batch past the largest graph (a graph after the host's wait beats an eager
+        step there)."""
+        argmax, n, q = after.verification.argmax, after.num_rounds, after.q
+        if not isinstance(argmax, Tensor) or argmax.device != self.device or q > MAX_ROUNDS_CATCH_UP:
+            return launch_rounds_after_stepwise(self, kv_cache, after)
+        with torch.no_grad(), triton_env.dependent_launch(self.pdl):
+            graphs = self._round_graphs(q, n, kv_cache) if self.cuda_graphs else None
+            size = graphs.padded_size(after.num_seqs) if graphs is not None else None
+            if self.cuda_graphs and size is None:
+                return launch_rounds_after_stepwise(self, kv_cache, after)
+            scratch = kv_cache.scratch_page * kv_cache.page_size
+            positions = np.where(after.slots < 0, 0, after.positions)  # rows sitting out: position 0,
+            slots = np.where(after.slots < 0, scratch, after.slots)  # the scratch page
+            tables = (after.rows, after.guesses, positions, slots)
+            flat = _uploaded(np.concatenate([t.reshape(-1) for t in tables]), self.device)  # one copy
+            ends = np.cumsum([t.size for t in tables])
+            chosen = choose_after(argmax, *(flat[end - t.size:end].view(t.shape) for t, end in zip(tables, ends)), q)
+            # The staged batch holds the shapes and page tables; its tokens, positions and slots,
+            # and the rounds', are the device's choice.
+            rows = after.num_seqs * q
+            batch = Batch(token_ids=np.zeros(rows, dtype=np.int64), positions=np.zeros(rows, dtype=np.int64),
+                          query_starts=np.arange(after.num_seqs + 1, dtype=np.int64) * q,
+                          context_lens=np.ones(after.num_seqs, dtype=np.int64), page_tables=after.page_tables,
+                          slot_mapping=np.full(rows, scratch, dtype=np.int64),
+                          logits_rows=np.arange(rows, dtype=np.int64))
+            sat_out = after.slots[:, 0, q:].T < 0  # [n, B]: the same for every accepted count
+            if graphs is not None:
+                rounds = _sat_out_after(Rounds(np.where(sat_out, -1, 0), np.where(sat_out, -1, scratch)),
+                                        graphs.rounds)
+                ids = graphs.run(batch, size, rounds=rounds, chosen=chosen)[:, :n + 1]
+            else:
+                tables_on_device = self._step_inputs(batch, kv_cache.page_size).decode_tables
+                ids = self._greedy_rounds(kv_cache, q, chosen.tokens, chosen.positions, chosen.slots,
+                                          tables_on_device, chosen.round_positions, chosen.round_slots)
+        return _tokens_future(ids, sat_out.T)
+
     def _rounds_inputs(self, batch: Batch, rounds: Rounds, kv: TorchKVCache) -> tuple[Tensor, ...]:
         """A uniform step and its rounds as device tensors, the way a rounds graph stages them
         (a round a sequence sits out decodes at position 0 into the scratch page)."""
@@ -814,6 +858,25 @@ def _uploaded(values: np.ndarray, device: torch.device) -> Tensor:
     the copy does not wait for the device."""
     host = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+
+
+def choose_after(argmax: Tensor, rows: Tensor, guesses: Tensor, positions: Tensor, slots: Tensor,
+                 q: int) -> ChosenInputs:
+    """``AfterVerification.chosen`` on the device, without reading the verification: each
+    sequence's accepted count a from the verification's argmax [R] at its rows [B, k + 1] and
+    its guesses [B, k] (-1: none), then its step's tokens (the verified tokens a - q + 1 .. a),
+    positions and slots [B q] and its rounds' positions and slots [n, B] from the tables
+    [B, k + 1, q + n] at a. A row that sits out reads token 0 (its position and slot staged by
+    the caller: position 0, the scratch page)."""
+    verified = argmax[rows.clamp(min=0)]  # [B, k + 1]
+    same = (verified[:, :-1] == guesses) & (guesses >= 0)
+    accepted = same.to(torch.int64).cumprod(dim=1).sum(dim=1)  # [B]
+    seqs = torch.arange(rows.shape[0], device=rows.device)
+    step_rows = accepted[:, None] - q + 1 + torch.arange(q, device=rows.device)  # [B, q]
+    tokens = verified.gather(1, step_rows.clamp(min=0)).masked_fill(step_rows < 0, 0)
+    at_positions, at_slots = positions[seqs, accepted], slots[seqs, accepted]  # [B, q + n]
+    return ChosenInputs(tokens.reshape(-1), at_positions[:, :q].reshape(-1), at_slots[:, :q].reshape(-1),
+                        at_positions[:, q:].T, at_slots[:, q:].T)
 
 
 def argmax_rows(argmax: Tensor, rows: np.ndarray) -> Tensor:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -119,10 +119,12 @@ class DecodeGraphs:
         return self.tables_at + size * self.table_width
 
     def run(self, batch: Batch, size: int, tokens: Tensor | None = None,
-            rounds: Rounds | None = None) -> Tensor:
+            rounds: Rounds | None = None, chosen: ChosenInputs | None = None) -> Tensor:
         """Decode one batch through the graph for `size` rows (captured first if new); ``tokens``
         [B q] on the device, if given, replace the batch's token ids; ``rounds`` (a graph with
-        rounds) where each round's token goes.
+        rounds) where each round's token goes; ``chosen`` (a graph with rounds), if given, the
+        step's token ids, positions and slots [B q] and the rounds' positions and slots [n, B]
+        as the device chose them (``launch_rounds_after``), in place of the staged ones.
 
         Returns the graph's own output buffer on the device, valid until the next replay: logits
         [B q, V], or with rounds the argmaxes [B, n + 1].
@@ -139,6 +141,15 @@ class DecodeGraphs:
         copied.record()
         if tokens is not None:
             self._views(self.inputs, size)[0][:batch.num_tokens].copy_(tokens)
+        if chosen is not None:
+            assert self.rounds, "chosen inputs are a rounds graph's"
+            tokens_in, positions_in, slots_in, _, round_positions_in, round_slots_in = self._views(self.inputs, size)
+            rows, seqs, n = batch.num_tokens, batch.num_seqs, chosen.round_positions.shape[0]
+            tokens_in[:rows].copy_(chosen.tokens)
+            positions_in[:rows].copy_(chosen.positions)
+            slots_in[:rows].copy_(chosen.slots)
+            round_positions_in[:n, :seqs].copy_(chosen.round_positions)
+            round_slots_in[:n, :seqs].copy_(chosen.round_slots)
         if size not in self.graphs:
             self.graphs[size] = self._capture(size)
         graph, out = self.graphs[size]
@@ -168,6 +179,17 @@ class DecodeGraphs:
             out = self.step(*views)
         self.pool = graph.pool()
         return graph, out
+
+
+class ChosenInputs(NamedTuple):
+    """A rounds graph's inputs as the device chose them (``torch_fast.choose_after``): the
+    step's token ids, positions and slots [B q], and the rounds' positions and slots [n, B]."""
+
+    tokens: Tensor
+    positions: Tensor
+    slots: Tensor
+    round_positions: Tensor
+    round_slots: Tensor
 
 
 @contextlib.contextmanager

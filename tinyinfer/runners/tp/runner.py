@@ -41,6 +41,7 @@ from torch import Tensor
 from tinyinfer.config import ModelConfig
 from tinyinfer.errors import TinyInferError
 from tinyinfer.runners.runner import (
+    AfterVerification,
     Batch,
     Feed,
     RankTiming,
@@ -50,6 +51,7 @@ from tinyinfer.runners.runner import (
     TopFuture,
     TopLogits,
     fed_batch,
+    launch_rounds_after_stepwise,
     launch_rounds_stepwise,
 )
 from tinyinfer.runners.torch_fast import TorchKVCache, argmax_rows
@@ -283,6 +285,10 @@ class TensorParallelRunner:
     def launch_rounds(self, batch: Batch, kv_cache: TensorParallelKVCache, rounds: Rounds) -> TokensFuture:
         """One ``launch_top`` per round (each a command to every rank), fed from the one before."""
         return launch_rounds_stepwise(self, batch, kv_cache, rounds)
+
+    def launch_rounds_after(self, kv_cache: TensorParallelKVCache, after: AfterVerification) -> TokensFuture:
+        """The rule: a ``launch_rounds`` once the verification is read."""
+        return launch_rounds_after_stepwise(self, kv_cache, after)
 
     # ------------------------------------------------------------------ lifecycle
 

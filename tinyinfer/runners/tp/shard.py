@@ -53,12 +53,14 @@ from tinyinfer.runners import torch_layers as layers
 from tinyinfer.runners import triton_env
 from tinyinfer.runners.runner import (
     ALL_REDUCES,
+    AfterVerification,
     Batch,
     RankShare,
     RankTiming,
     Rounds,
     RunnerInfo,
     TokensFuture,
+    launch_rounds_after_stepwise,
     launch_rounds_stepwise,
 )
 from tinyinfer.runners.torch_fast import TorchKVCache, TorchRunner, _Step, reduce_top
@@ -443,6 +445,10 @@ class ShardRunner(TorchRunner):
         tensor-parallel runner sends a ``launch_top`` per round and never calls this: it keeps
         a shard from inheriting the one-graph version."""
         return launch_rounds_stepwise(self, batch, kv, rounds)
+
+    def launch_rounds_after(self, kv: TorchKVCache, after: AfterVerification) -> TokensFuture:
+        """The rule, for the same reason as ``launch_rounds``."""
+        return launch_rounds_after_stepwise(self, kv, after)
 
     def release_graphs(self) -> None:
         """Free every decode graph of this shard, before its communicators are torn down:

@@ -22,6 +22,7 @@ import tinyinfer
 from tinyinfer.config import ModelConfig, load_config
 from tinyinfer.model import BUNDLED, Model
 from tinyinfer.runners.runner import (
+    AfterVerification,
     Batch,
     Feed,
     ModelRunner,
@@ -31,6 +32,7 @@ from tinyinfer.runners.runner import (
     TopFuture,
     TopLogits,
     fed_batch,
+    launch_rounds_after_stepwise,
     launch_rounds_stepwise,
 )
 from tinyinfer.speculative import DraftModelDrafter
@@ -72,6 +74,9 @@ class InstantRunner:
 
     def launch_rounds(self, batch: Batch, kv_cache: None, rounds: Rounds) -> TokensFuture:
         return launch_rounds_stepwise(self, batch, kv_cache, rounds)
+
+    def launch_rounds_after(self, kv_cache: None, after: AfterVerification) -> TokensFuture:
+        return launch_rounds_after_stepwise(self, kv_cache, after)
 
     def close(self) -> None:
         pass

@@ -15,7 +15,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 from typing import Sequence as Seq
 
 import numpy as np
@@ -946,9 +946,9 @@ class DraftRun:
             return None
         drafting = [(s, k) for s, k in zip(seqs, ks) if k > 0]
         if not drafting or any(ahead.ks.get(s.seq_id, k + 1) > k for s, k in drafting):
-            self._forget(ahead, ahead.ks)
+            self._forget(ahead.ks)
             return None
-        self._forget(ahead, ahead.ks.keys() - {s.seq_id for s, _ in drafting})
+        self._forget(ahead.ks.keys() - {s.seq_id for s, _ in drafting})
         order = {seq_id: b for b, seq_id in enumerate(ahead.ks)}  # rows of the launch's argmax
         for seq, _ in drafting:  # the catch-up computed up to the target's token (``rollback``), then the rounds
             self.computed[seq.seq_id] += ahead.ks[seq.seq_id] - 1
@@ -959,7 +959,7 @@ class DraftRun:
         rows = {s.seq_id: order[s.seq_id] * ahead.width + np.arange(ahead.ks[s.seq_id]) for s in chosen}
         return LaunchedDrafts({}, ahead.future, rows)
 
-    def _forget(self, ahead: DraftAhead, seq_ids) -> None:
+    def _forget(self, seq_ids: Iterable[int]) -> None:
         """Rounds launched for sequences ``seq_ids`` that the step after does not take: each
         one's catch-up computed its last token, which its next one computes again (a catch-up
         needs a token to start from)."""

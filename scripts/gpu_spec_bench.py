@@ -445,6 +445,34 @@ def async_exact(results: dict) -> None:
                               "round_graphs": {k: [list(g) for g in v] for k, v in graphs.items()}}
     log(f"  async vs sync speculative: identical {outputs['sync'] == outputs['async']}, graphs {graphs}, "
         f"inputs chosen {choices}")
+    del big, small
+    gc.collect()
+    async_self(results["async_exact"])
+
+
+def async_self(out: dict) -> None:
+    """The rounds themselves, on the card: the draft shape (batch_invariant) as its own draft
+    model, k = 4, synchronous and asynchronous. Every guess the draft makes is the target's own
+    greedy token computed by the same kernels, so both must keep every guess (acceptance 1)
+    and emit plain decoding's tokens; a round launched ahead from a wrong position or slot
+    guesses something else and its acceptance drops (the oracle above fixes the guesses, so
+    it cannot see this)."""
+    invariant = ARGS.device.startswith("cuda")  # (a CPU dry run in float32 has no such kernels)
+    target, draft = (bs.shape_models(ARGS.draft, ARGS.device, ARGS.dtype, batch_invariant=invariant)[0]
+                     for _ in range(2))
+    prompts = bench.speculative_prompts(target, "continue", 2)
+    params = SamplingParams(temperature=0, max_tokens=ARGS.tokens, ignore_eos=True)
+    plain_ids = [c.token_ids for c in Engine(target, max_num_seqs=1, detail="none").generate(prompts, params)]
+    rows = {}
+    for scheduling in ("sync", "async"):
+        engine = Engine(target, max_num_seqs=1, detail="none", drafter=DraftModelDrafter(draft), num_draft=4,
+                        async_scheduling=scheduling == "async")
+        ids = [engine.generate([p], params)[0].token_ids for p in prompts]
+        stats = engine.spec_stats
+        rows[scheduling] = {"identical_to_plain": ids == plain_ids, "drafted": stats.drafted,
+                            "accepted": stats.accepted, "acceptance": stats.acceptance_rate}
+    out["self_draft"] = {"shape": ARGS.draft, "k": 4, "tokens": sum(len(o) for o in plain_ids), **rows}
+    log(f"  the draft shape as its own draft: {out['self_draft']}")
 
 
 def profile(results: dict) -> None:

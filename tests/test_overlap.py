@@ -316,7 +316,10 @@ def test_rounds_launched_ahead_guess_the_targets_own_tokens_after_every_accepted
             for b, seq in enumerate(seqs):
                 i = int(seq.request_id.split("-")[1])
                 done = len(seq.output_ids)
-                assert guesses[b].tolist() == plain[i][done:done + guesses.shape[1]], (i, done)
+                # -1: rounds the sequence sat out (near its end, the launch drafted as many as
+                # its lookahead allowed had it kept every guess)
+                own = [g for g in guesses[b].tolist() if g >= 0]
+                assert own == plain[i][done:done + len(own)] and len(own) > 0, (i, done)
                 checked += 1
         return launched
 
@@ -326,6 +329,36 @@ def test_rounds_launched_ahead_guess_the_targets_own_tokens_after_every_accepted
     assert checked > 10
     kept = {s.accepted for t in traces for s in t.seqs if s.draft_tokens}
     assert {0, 4} <= kept and len(kept) >= 4  # none kept, all kept, and counts between
+
+
+def test_the_oracles_corruptions_do_not_depend_on_the_order_it_is_asked(oracle_model, runner_name):
+    """The oracle decides each followed position's guess once (right, or which wrong token), so
+    the synchronous engine with the prompts in either order and the asynchronous engine (its
+    guesses asked at other moments) keep exactly the same guesses: their speeds compare at the
+    same acceptances. Drawing from one stream in the order asked, they would not."""
+    from tinyinfer.bench.oracle import OracleDrafter
+
+    folder, _ = oracle_model("llama-gqa-untied")
+    target, draft = (tinyinfer.load(folder, runner=runner_name) for _ in range(2))
+    long = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    batch = prompts(3, seed=12)
+    plain = [c.token_ids for c in tinyinfer.Engine(target).generate(batch, long)]
+
+    def kept(order: list[int], overlap: bool) -> dict[int, list[int]]:
+        """Per prompt, the guesses each of its steps kept."""
+        drafter = OracleDrafter(draft, 0.6, seed=5)
+        drafter.follow(batch, plain)
+        engine = tinyinfer.Engine(target, detail="none", drafter=drafter, num_draft=4, async_scheduling=overlap)
+        out = {}
+        for i in order:
+            done, traces = run(engine, [(batch[i], long)])
+            assert done[0].token_ids == plain[i]
+            out[i] = [s.accepted for t in traces for s in t.seqs if s.draft_tokens]
+        return out
+
+    forward = kept([0, 1, 2], False)
+    assert kept([2, 1, 0], False) == forward == kept([0, 1, 2], True)
+    assert len({a for counts in forward.values() for a in counts}) >= 3  # not all kept, nor none
 
 
 def test_async_speculative_aborts_arrivals_and_a_full_pool_drop_the_rounds_launched_ahead(

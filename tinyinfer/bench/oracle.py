@@ -11,6 +11,12 @@ The continuation comes from an earlier greedy run (``follow``): the benchmark fi
 every prompt plainly, then once speculatively (untimed) and follows that run's tokens — the
 target's tokens as verification computes them, which in bf16 may round differently from a
 one-token decode step.
+
+Whether the guess at an output position is right, and the wrong token it proposes otherwise,
+are drawn once per followed prompt and position (seeded by the prompt's place in ``follow``),
+not in the order the engine asks: the synchronous and the asynchronous engine, or one run
+after another, meet the same corruptions, so their speeds compare at the same acceptances.
+(Each position is examined once at most, so the draws stay independent with chance α.)
 """
 
 from __future__ import annotations
@@ -34,12 +40,21 @@ class OracleDrafter(DraftModelDrafter):
             raise TinyInferError(f"the oracle's acceptance must be within [0, 1], got {acceptance}")
         super().__init__(model)
         self.acceptance = acceptance
-        self.rng = np.random.default_rng(seed)
-        self.continuations: dict[tuple[int, ...], list[int]] = {}
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)  # wrong tokens past what was followed
+        # per followed prompt: its continuation, whether each position's guess is right, and
+        # the wrong token each position proposes otherwise
+        self.continuations: dict[tuple[int, ...], tuple[list[int], np.ndarray, np.ndarray]] = {}
 
     def follow(self, prompts: list[list[int]], outputs: list[list[int]]) -> None:
-        """The greedy continuation of each prompt that later guesses propose."""
-        self.continuations = {tuple(p): list(o) for p, o in zip(prompts, outputs)}
+        """The greedy continuation of each prompt that later guesses propose, and the draws
+        that decide each of its positions' guesses."""
+        vocab = self.model.config.vocab_size
+        self.continuations = {}
+        for i, (prompt, output) in enumerate(zip(prompts, outputs)):
+            rng = np.random.default_rng([self.seed, i])
+            self.continuations[tuple(prompt)] = (list(output), rng.random(len(output)) < self.acceptance,
+                                                 rng.integers(vocab - 1, size=len(output)))
 
     def guess(self, seq: Sequence, guesses: list[int], logits: np.ndarray) -> tuple[int, np.ndarray]:
         """The oracle's guess at this position, with q one-hot on it. The draft model's logits
@@ -51,8 +66,7 @@ class OracleDrafter(DraftModelDrafter):
 
     def fixed_guesses(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         """The oracle's greedy guesses, decided on the host while the draft model's rounds run
-        (their argmaxes only cost), drawn round by round across the sequences, as the rounds
-        run."""
+        (their argmaxes only cost)."""
         guesses: list[list[int]] = [[] for _ in seqs]
         for r in range(max(ks, default=0)):
             for seq, k, own in zip(seqs, ks, guesses):
@@ -63,10 +77,10 @@ class OracleDrafter(DraftModelDrafter):
     def _guess(self, seq: Sequence, at: int) -> int:
         """The followed token at output position ``at``, or (chance 1 − acceptance, or past what
         was followed) another one."""
-        vocab = self.model.config.vocab_size
-        known = self.continuations.get(tuple(seq.prompt_ids), [])
-        right = known[at] if at < len(known) else None
-        if right is not None and self.rng.random() < self.acceptance:
+        known, keep, wrong = self.continuations.get(tuple(seq.prompt_ids), ([], None, None))
+        if at >= len(known):
+            return int(self.rng.integers(self.model.config.vocab_size))
+        right = known[at]
+        if keep[at]:
             return right
-        wrong = int(self.rng.integers(vocab - 1))
-        return wrong if right is None or wrong < right else wrong + 1  # never `right`
+        return int(wrong[at]) + (wrong[at] >= right)  # never `right`

@@ -1,5 +1,6 @@
 """Tests for the KV page pool: allocation, prefix caching, eviction, fork, truncate, invariants."""
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -71,6 +72,12 @@ def test_slot_maps_positions_through_the_block_table():
         pool.slot(7, 8)
     with pytest.raises(TinyInferError):
         pool.slot(7, -1)
+    # every position at once, -1 (sits out) kept -1, in any shape
+    positions = np.array([[0, 5, -1], [7, 3, 4]])
+    assert pool.slots(7, positions).tolist() == [[0, 9, -1], [11, 3, 8]]
+    for bad in (8, -2):
+        with pytest.raises(TinyInferError):
+            pool.slots(7, np.array([1, bad]))
 
 
 def test_out_of_pages_changes_nothing():

@@ -426,9 +426,7 @@ class Engine:
         lookahead bounds a step's guesses, and one that keeps fewer has room for more); one
         with no room then gets no rounds. Else the next step drafts after the host's turn."""
         scheduler = self.scheduler
-        running = scheduler.running
-        if (self.draft_run is None or len(chunks) != len(running)
-                or any(c.seq is not s for c, s in zip(chunks, running))):
+        if self.draft_run is None or not scheduler.runs_exactly([c.seq for c in chunks]):
             return  # (an admission comes after the running sequences: it changes nothing here)
         drafted = [guesses.get(c.seq.seq_id) for c in chunks]
         if any(c.kind != "decode" or d is None or not d.tokens
@@ -889,10 +887,8 @@ class DraftRun:
         positions = np.full((rounds - 1, len(active)), -1, dtype=np.int64)  # [n, B]; -1: sits out
         slots = positions.copy()
         for row, i in enumerate(active):
-            for r in range(ks[i] - 1):
-                position = self._advance(seqs[i])
-                positions[r, row] = position
-                slots[r, row] = self.pool.slot(seqs[i].seq_id, position)
+            positions[:ks[i] - 1, row] = [self._advance(seqs[i]) for _ in range(ks[i] - 1)]
+            slots[:, row] = self.pool.slots(seqs[i].seq_id, positions[:, row])
         future = self.runner.launch_rounds(batch, self.kv_cache, Rounds(positions, slots))
         fixed = self.drafter.fixed_guesses([seqs[i] for i in active], [ks[i] for i in active])  # while they run
         if fixed is not None:
@@ -921,16 +917,14 @@ class DraftRun:
         checked = np.full((len(seqs), width), -1, dtype=np.int64)
         positions = np.full((len(seqs), width + 1, 2 + most - 1), -1, dtype=np.int64)  # -1: sits out
         slots = positions.copy()
-        size = self.pool.page_size
         for b, (seq, g, r, k) in enumerate(zip(seqs, guesses, rows, ks)):
             verified[b, :len(g) + 1] = np.arange(r.start, r.start + len(g) + 1)
             checked[b, :len(g)] = g
             # keeping a guesses: positions L + a - 1 (the a-th guess; only where a = g) .. L + a + k - 1
             at = seq.num_tokens + np.arange(len(g) + 1)[:, None] + np.arange(-1, k)[None, :]  # [g + 1, k + 1]
             at[:len(g), 0] = -1  # the draft computed the a-th guess in its rounds where a < g
-            table = np.asarray(self.pool.pages(seq.seq_id), dtype=np.int64)
             positions[b, :len(g) + 1, :k + 1] = at
-            slots[b, :len(g) + 1, :k + 1] = np.where(at >= 0, table[np.maximum(at, 0) // size] * size + at % size, -1)
+            slots[b, :len(g) + 1, :k + 1] = self.pool.slots(seq.seq_id, at)
         after = AfterVerification(verification, verified, checked, positions, slots,
                                   tuple(tuple(self.pool.pages(s.seq_id)) for s in seqs), q=2)
         future = self.runner.launch_rounds_after(self.kv_cache, after)
@@ -1101,14 +1095,13 @@ class OverlapSteps:
         eng = self.engine
         scheduler, pool = eng.scheduler, eng.pool
         live = [c for c in chunks if c.seq.finish_reason is None]
-        running = scheduler.running
-        if len(live) != len(running) or any(c.seq is not s for c, s in zip(live, running)):
+        if not scheduler.runs_exactly([c.seq for c in live]):
             return None  # someone else is running (admitted, or skipped for lack of budget)
         if any(not c.samples for c in live):
             return None  # a prompt still prefilling
         config = scheduler.config
         if (scheduler.waiting and config.batching == "continuous"
-                and len(running) < config.max_num_seqs):
+                and len(live) < config.max_num_seqs):
             return None  # a waiting request may take a seat: the scheduler decides
         limit = eng.model.config.max_model_len
         nxt, rows = [], []

@@ -22,6 +22,8 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.errors import OutOfPagesError, PromptError, TinyInferError
 
@@ -262,6 +264,17 @@ class PagePool:
                 f"0..{len(table) * self.page_size - 1}); call ensure_capacity first"
             )
         return table[page_index] * self.page_size + offset
+
+    def slots(self, seq_id: int, positions: np.ndarray) -> np.ndarray:
+        """``slot`` of every position in ``positions`` (any shape), -1 where a position is -1
+        (a row that sits out); at once, for the tables a launch stages."""
+        table = np.asarray(self._seq(seq_id).table, dtype=np.int64)
+        positions = np.asarray(positions, dtype=np.int64)
+        bad = positions[(positions < -1) | (positions >= len(table) * self.page_size)]
+        if bad.size:
+            self.slot(seq_id, int(bad.flat[0]))  # raises, with one position's message
+        at = np.maximum(positions, 0)
+        return np.where(positions >= 0, table[at // self.page_size] * self.page_size + at % self.page_size, -1)
 
     @property
     def num_free_pages(self) -> int:

@@ -145,6 +145,11 @@ class Scheduler:
             budget = self._admit(budget, out)
         return out
 
+    def runs_exactly(self, seqs: list[Sequence]) -> bool:
+        """Whether ``seqs`` are the running sequences, in their order, and nobody else runs (a
+        step planned ahead of the scheduler continues them alone)."""
+        return len(seqs) == len(self.running) and all(a is b for a, b in zip(seqs, self.running))
+
     def lookahead(self, seq: Sequence, emitted: int = 0) -> int:
         """Draft slots a decoding sequence may use: never past its max_tokens (once it has
         ``emitted`` more tokens: a step planned ahead)."""

@@ -26,7 +26,8 @@ Sections (each writes its results to OUT/gpu_spec_bench.json as soon as it finis
            With --draft-quantize FORMAT [--draft-quantize-head] the same rows again with the
            draft shape in that format (random codes), against the same plain baseline;
            --stepwise-too: each row's first alpha at each k again with the rounds one by one
-* profile  where a speculative cycle's time goes: the oracle at a = 0.8, k = 4 with each draft
+* profile  where a speculative cycle's time goes: the oracle at the first of --alphas and of --ks
+           (a = 0.8, k = 4 by default) with each draft
            (bf16, and --draft-quantize's), per cycle the draft rounds' span on the device, its
            wait before the verification, the verification's span and the wait after it until
            the next rounds, against the rounds graph and the verification graph replayed alone;
@@ -198,6 +199,17 @@ def first_differences(plain: list[list[int]], spec: list[list[int]]) -> dict:
     return {"identical_prompts": sum(f == len(x) for f, x in zip(first, plain)), "prompts": len(plain),
             "tokens_before_first_difference": first,
             "matching_prefix_share": sum(first) / sum(len(x) for x in plain)}
+
+
+def on_the_verifications_path(drafter: OracleDrafter, big, prompts: list[list[int]], plain_ids: list[list[int]],
+                              params: SamplingParams, k: int) -> None:
+    """Point the oracle at the tokens the verification computes, as bench_speculative does: it
+    follows plain decoding's, then the tokens of an untimed speculative pass over them (in bf16
+    a k + 1-row verification may round off plain decoding's path, after which every guess of
+    the plain tokens would be wrong)."""
+    drafter.follow(prompts, plain_ids)
+    engine = Engine(big, max_num_seqs=1, detail="none", drafter=drafter, num_draft=k)
+    drafter.follow(prompts, [engine.generate([p], params)[0].token_ids for p in prompts])
 
 
 def plain_async(model, prompts: list[list[int]]) -> tuple[list[list[int]], float]:
@@ -417,7 +429,7 @@ def async_exact(results: dict) -> None:
     prompts = bench.speculative_prompts(big, "continue", 2)
     params = SamplingParams(temperature=0, max_tokens=ARGS.tokens, ignore_eos=True)
     plain_ids = [c.token_ids for c in Engine(big, max_num_seqs=1, detail="none").generate(prompts, params)]
-    outputs, graphs = {}, {}
+    outputs, graphs, acceptance = {}, {}, {}
     choices = {"device": 0, "host": 0}  # how the rounds launched ahead got their inputs
     device_choice, host_choice = torch_fast.choose_after, AfterVerification.chosen
 
@@ -433,18 +445,20 @@ def async_exact(results: dict) -> None:
     try:
         for scheduling in ("sync", "async"):
             drafter = OracleDrafter(small, 0.8, seed=1)
-            drafter.follow(prompts, plain_ids)
+            on_the_verifications_path(drafter, big, prompts, plain_ids, params, 4)
             engine = Engine(big, max_num_seqs=1, detail="none", drafter=drafter, num_draft=4,
                             async_scheduling=scheduling == "async")
             outputs[scheduling] = [engine.generate([p], params)[0].token_ids for p in prompts]
             graphs[scheduling] = sorted(engine.draft_run.kv_cache.round_graphs or {})
+            acceptance[scheduling] = engine.spec_stats.token_acceptance
     finally:
         torch_fast.choose_after, AfterVerification.chosen = device_choice, host_choice
     results["async_exact"] = {"draft": label, "identical": outputs["sync"] == outputs["async"],
                               "tokens": sum(len(o) for o in outputs["sync"]), "choices": choices,
+                              "token_acceptance": acceptance,
                               "round_graphs": {k: [list(g) for g in v] for k, v in graphs.items()}}
     log(f"  async vs sync speculative: identical {outputs['sync'] == outputs['async']}, graphs {graphs}, "
-        f"inputs chosen {choices}")
+        f"inputs chosen {choices}, acceptance {acceptance}")
     del big, small
     gc.collect()
     async_self(results["async_exact"])
@@ -477,7 +491,7 @@ def async_self(out: dict) -> None:
 
 def profile(results: dict) -> None:
     """Where a speculative cycle's time goes, for each draft (bf16, --draft-quantize's): the
-    oracle at a = 0.8, k = 4 over two prompts (profile_draft). If a cycle spans about its
+    oracle at the first of --alphas and --ks over two prompts (profile_draft). If a cycle spans about its
     graphs' replays on the device, the host is off the critical path."""
     big, _ = bs.shape_models(ARGS.target, ARGS.device, ARGS.dtype)
     prompts = bench.speculative_prompts(big, "continue", 2)
@@ -632,19 +646,20 @@ class HostTurns:
 
 def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int]],
                   params: SamplingParams, overlap: bool = False) -> dict:
-    """Per speculative cycle at k = 4 (the draft's rounds, one launch_rounds, then the target's
+    """Per speculative cycle at the first of --ks (the draft's rounds, one launch_rounds, then the target's
     verification, one launch_top): CUDA events recorded around both launches, each at its place
     in the stream, give the rounds' span, the device's wait between the rounds and the
     verification, the verification's span, and the wait from its end to the next cycle's rounds
     (the host's turn: result, acceptance, scheduling, staging). Then the graphs replayed alone:
-    the draft's rounds (1- and 2-row catch-up, 3 rounds) and the target's 5-row verification, so
+    the draft's rounds (1- and 2-row catch-up, k - 1 rounds) and the target's k + 1-row verification, so
     a cycle's idle device time is its span less the replays. Works on any version of the
     engine whose runners have launch_rounds (it only wraps the two runners' launches). ``overlap``:
     asynchronous scheduling, the rounds launched behind the verification before (launch_rounds_after,
     wrapped as launch_rounds is)."""
-    drafter = OracleDrafter(small, 0.8, seed=1)
-    drafter.follow(prompts, plain_ids)
-    engine = Engine(big, max_num_seqs=1, detail="none", drafter=drafter, num_draft=4, async_scheduling=overlap)
+    alpha, k = ARGS.alphas[0], ARGS.ks[0]
+    drafter = OracleDrafter(small, alpha, seed=1)
+    on_the_verifications_path(drafter, big, prompts, plain_ids, params, k)
+    engine = Engine(big, max_num_seqs=1, detail="none", drafter=drafter, num_draft=k, async_scheduling=overlap)
     engine.generate([prompts[0]], params)  # warm-up: compile, capture
     engine.spec_stats = SpeculativeStats()
     cycles: list[dict] = []
@@ -712,9 +727,9 @@ def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int
     out = {"cycles": len(rows), **{key: median(key) for key in keys},
            **{f"{key}_{n}row": median(key, lambda r, n=n: r["catch_up_rows"] == n)
               for n in (1, 2) for key in ("rounds_span_ms", "cycle_ms")},
-           **{f"replay_rounds_{q}row_catch_up_ms": replay_ms(round_graphs[q, 3])
-              for q in (1, 2) if (q, 3) in round_graphs},
-           "replay_verify_5row_ms": replay_ms(big_kv.graphs[5]) if 5 in (big_kv.graphs or {}) else None,
+           **{f"replay_rounds_{q}row_catch_up_ms": replay_ms(round_graphs[q, k - 1])
+              for q in (1, 2) if (q, k - 1) in round_graphs},
+           "replay_verify_ms": replay_ms(big_kv.graphs[k + 1]) if k + 1 in (big_kv.graphs or {}) else None,
            "draft_token_ms": 1e3 * stats.draft_seconds / max(stats.drafted, 1),
            "verify_ms": 1e3 * stats.verify_seconds / max(stats.verify_steps, 1),
            "rest_ms": 1e3 * (stats.step_seconds - stats.draft_seconds - stats.verify_seconds)
@@ -728,8 +743,8 @@ def profile_draft(big, small, prompts: list[list[int]], plain_ids: list[list[int
     out["host_turn_us"] = host.breakdown()
     for n in (1, 2):
         cycle, replay = out.get(f"cycle_ms_{n}row"), out.get(f"replay_rounds_{n}row_catch_up_ms")
-        if cycle is not None and replay is not None and out["replay_verify_5row_ms"] is not None:
-            out[f"idle_ms_{n}row"] = cycle - replay - out["replay_verify_5row_ms"]
+        if cycle is not None and replay is not None and out["replay_verify_ms"] is not None:
+            out[f"idle_ms_{n}row"] = cycle - replay - out["replay_verify_ms"]
     return out
 
 

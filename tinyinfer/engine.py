@@ -422,9 +422,10 @@ class Engine:
         """Asynchronous scheduling with a draft model: launch the next step's draft rounds behind
         the verification (``DraftRun.launch_after``) where that step is certain to draft for
         these sequences, whatever each keeps: every running one decodes plain greedy with
-        guesses. Each drafts as many as its lookahead allows after keeping all its guesses (the
-        lookahead bounds a step's guesses, and one that keeps fewer has room for more); one
-        with no room then gets no rounds. Else the next step drafts after the host's turn."""
+        guesses. After keeping a of its guesses a sequence drafts as many as its lookahead
+        allows then (the lookahead bounds a step's guesses: near its max_tokens, one that keeps
+        more has room for fewer), as the synchronous engine would; one with no room even after
+        keeping none gets no rounds. Else the next step drafts after the host's turn."""
         scheduler = self.scheduler
         if self.draft_run is None or not scheduler.runs_exactly([c.seq for c in chunks]):
             return  # (an admission comes after the running sequences: it changes nothing here)
@@ -432,9 +433,10 @@ class Engine:
         if any(c.kind != "decode" or d is None or not d.tokens
                or not is_plain_greedy(c.seq.params, len(c.seq.output_ids), 1) for c, d in zip(chunks, drafted)):
             return
-        # each sequence's lookahead after keeping every guess: the least it may have next
-        ks = [scheduler.lookahead(c.seq, emitted=len(d.tokens) + 1) for c, d in zip(chunks, drafted)]
-        ahead = [i for i, k in enumerate(ks) if k > 0]  # the others may not draft next time
+        # each sequence's lookahead after keeping a = 0 .. all of its guesses (and the target's token)
+        ks = [[scheduler.lookahead(c.seq, emitted=a + 1) for a in range(len(d.tokens) + 1)]
+              for c, d in zip(chunks, drafted)]
+        ahead = [i for i, k in enumerate(ks) if k[0] > 0]  # the others may not draft next time
         if ahead:
             self.draft_run.launch_after([chunks[i].seq for i in ahead], [drafted[i].tokens for i in ahead],
                                         [rows[i] for i in ahead], verification, [ks[i] for i in ahead])
@@ -898,21 +900,22 @@ class DraftRun:
         return LaunchedDrafts({}, future, rows)
 
     def launch_after(self, seqs: list[Sequence], guesses: list[tuple[int, ...]], rows: list[slice],
-                     verification: TopFuture, ks: list[int]) -> None:
-        """Launch the next step's catch-up and greedy rounds (ks[i] guesses for sequence i) now,
-        behind the verification of ``guesses`` (its rows ``rows`` of each sequence), before the
-        host reads it: the runner picks each sequence's inputs by the guesses it keeps
-        (``AfterVerification``).
+                     verification: TopFuture, ks: list[list[int]]) -> None:
+        """Launch the next step's catch-up and greedy rounds now, behind the verification of
+        ``guesses`` (its rows ``rows`` of each sequence), before the host reads it: the runner
+        picks each sequence's inputs by the guesses it keeps (``AfterVerification``); ks[i][a]
+        guesses for sequence i where it keeps a (its lookahead then, at least 1 for a = 0).
 
         A sequence that keeps a of its g guesses (the draft computed the first g - 1 in its
         rounds) catches up on its a-th guess (only where a = g: the draft never computed the
         last one) and the target's token after it, at positions L + a - 1 and L + a (L: the
-        first guess's position), then runs k - 1 rounds from L + a + 1. Pages are reserved for
-        the most it may take; where the pool cannot, nothing is launched. The caller plans: the
-        next step drafts for these sequences, each up to its k, whatever they keep (``adopt``)."""
-        if not all(self._reserve(seq, len(g) + k) for seq, g, k in zip(seqs, guesses, ks)):
+        first guess's position), then runs k - 1 rounds from L + a + 1 (k = ks[i][a]; the
+        rounds up to ks[i][0] - 1 it sits out). Pages are reserved for the most it may take;
+        where the pool cannot, nothing is launched. The caller plans: the next step drafts for
+        these sequences, each its lookahead, whatever they keep (``adopt``)."""
+        if not all(self._reserve(seq, len(g) + max(k)) for seq, g, k in zip(seqs, guesses, ks)):
             return
-        width, most = max(len(g) for g in guesses), max(ks)
+        width, most = max(len(g) for g in guesses), max(k[0] for k in ks)
         verified = np.full((len(seqs), width + 1), -1, dtype=np.int64)
         checked = np.full((len(seqs), width), -1, dtype=np.int64)
         positions = np.full((len(seqs), width + 1, 2 + most - 1), -1, dtype=np.int64)  # -1: sits out
@@ -920,37 +923,38 @@ class DraftRun:
         for b, (seq, g, r, k) in enumerate(zip(seqs, guesses, rows, ks)):
             verified[b, :len(g) + 1] = np.arange(r.start, r.start + len(g) + 1)
             checked[b, :len(g)] = g
-            # keeping a guesses: positions L + a - 1 (the a-th guess; only where a = g) .. L + a + k - 1
-            at = seq.num_tokens + np.arange(len(g) + 1)[:, None] + np.arange(-1, k)[None, :]  # [g + 1, k + 1]
+            # keeping a guesses: positions L + a - 1 (the a-th guess; only where a = g) .. L + a + k[a] - 1
+            at = seq.num_tokens + np.arange(len(g) + 1)[:, None] + np.arange(-1, k[0])[None, :]  # [g + 1, k[0] + 1]
             at[:len(g), 0] = -1  # the draft computed the a-th guess in its rounds where a < g
-            positions[b, :len(g) + 1, :k + 1] = at
-            slots[b, :len(g) + 1, :k + 1] = self.pool.slots(seq.seq_id, at)
+            at[np.arange(k[0] + 1)[None, :] > np.maximum(np.asarray(k), 1)[:, None]] = -1  # past its lookahead
+            positions[b, :len(g) + 1, :k[0] + 1] = at
+            slots[b, :len(g) + 1, :k[0] + 1] = self.pool.slots(seq.seq_id, at)
         after = AfterVerification(verification, verified, checked, positions, slots,
                                   tuple(tuple(self.pool.pages(s.seq_id)) for s in seqs), q=2)
         future = self.runner.launch_rounds_after(self.kv_cache, after)
-        self.ahead = DraftAhead(dict(zip((s.seq_id for s in seqs), ks)), most, future)
+        self.ahead = DraftAhead({s.seq_id: (len(s.output_ids), tuple(k)) for s, k in zip(seqs, ks)}, most, future)
 
     def adopt(self, seqs: list[Sequence], ks: list[int]) -> LaunchedDrafts | None:
         """The rounds ``launch_after`` launched, as this step's guesses, if every sequence that
-        drafts now (lookahead ``ks`` above 0) had rounds launched and may take their guesses;
-        else None, and they are forgotten. Rounds of sequences that do not draft now (ended,
-        preempted, or out of lookahead) are forgotten alone."""
+        drafts now (lookahead ``ks`` above 0) had rounds launched (they computed its lookahead's
+        worth after what it kept); else None, and they are forgotten. Rounds of sequences that
+        do not draft now (ended, preempted, or out of lookahead) are forgotten alone."""
         ahead, self.ahead = self.ahead, None
         if ahead is None:
             return None
         drafting = [(s, k) for s, k in zip(seqs, ks) if k > 0]
-        if not drafting or any(ahead.ks.get(s.seq_id, k + 1) > k for s, k in drafting):
+        if not drafting or any(ahead.guesses(s) < k for s, k in drafting):
             self._forget(ahead.ks)
             return None
         self._forget(ahead.ks.keys() - {s.seq_id for s, _ in drafting})
         order = {seq_id: b for b, seq_id in enumerate(ahead.ks)}  # rows of the launch's argmax
-        for seq, _ in drafting:  # the catch-up computed up to the target's token (``rollback``), then the rounds
-            self.computed[seq.seq_id] += ahead.ks[seq.seq_id] - 1
+        for seq, k in drafting:  # the catch-up computed up to the target's token (``rollback``), then k - 1 rounds
+            self.computed[seq.seq_id] += k - 1
         chosen = [s for s, _ in drafting]
-        fixed = self.drafter.fixed_guesses(chosen, [ahead.ks[s.seq_id] for s in chosen])
+        fixed = self.drafter.fixed_guesses(chosen, [k for _, k in drafting])
         if fixed is not None:
             return LaunchedDrafts({s.seq_id: Draft(tuple(own)) for s, own in zip(chosen, fixed)}, ahead.future)
-        rows = {s.seq_id: order[s.seq_id] * ahead.width + np.arange(ahead.ks[s.seq_id]) for s in chosen}
+        rows = {s.seq_id: order[s.seq_id] * ahead.width + np.arange(k) for s, k in drafting}
         return LaunchedDrafts({}, ahead.future, rows)
 
     def _forget(self, seq_ids: Iterable[int]) -> None:
@@ -988,7 +992,8 @@ class DraftRun:
         if seq.seq_id in self.computed:
             if self.ahead is not None and seq.seq_id in self.ahead.ks:
                 self.computed[seq.seq_id] = seq.num_tokens
-                self.pool.truncate(seq.seq_id, seq.num_tokens + self.ahead.ks[seq.seq_id] - 1)  # the rounds' pages stay
+                most = self.ahead.ks[seq.seq_id][1][0]  # guesses where it keeps none: the most
+                self.pool.truncate(seq.seq_id, seq.num_tokens + most - 1)  # the rounds' pages stay
                 return
             keep = min(self.computed[seq.seq_id], seq.num_computed)
             self.computed[seq.seq_id] = keep
@@ -1006,9 +1011,19 @@ class DraftAhead:
     (``DraftRun.launch_after``): for which sequences, how many guesses each, and their future
     (sequence b's guesses at rows b * width + r of its argmax)."""
 
-    ks: dict[int, int]  # seq_id -> guesses launched, in the launch's order
-    width: int  # guesses a sequence's row of the future's argmax holds (the most of ks)
+    ks: dict[int, tuple[int, tuple[int, ...]]]  # seq_id -> (its output's length then, guesses per
+    #   accepted count a = 0, 1, ...), in the launch's order
+    width: int  # guesses a sequence's row of the future's argmax holds (the most launched)
     future: TokensFuture
+
+    def guesses(self, seq: Sequence) -> int:
+        """How many guesses the rounds launched for ``seq`` computed, given what it kept since
+        (0: none were launched for it)."""
+        if seq.seq_id not in self.ks:
+            return 0
+        before, per_count = self.ks[seq.seq_id]
+        kept = len(seq.output_ids) - before - 1  # the target's token after them
+        return per_count[kept] if 0 <= kept < len(per_count) else 0
 
 
 @dataclass

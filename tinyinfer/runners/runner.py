@@ -231,7 +231,8 @@ class AfterVerification:
     (argmax rows ``rows[b, a - q + 1 .. a]``) at ``positions[b, a, :q]``, writing their K/V at
     ``slots[b, a, :q]`` (-1 in both: the row sits out, e.g. a token the draft computed
     already), and then ``positions[b, a, q:]`` / ``slots[b, a, q:]`` are its rounds (``Rounds``,
-    -1: sits out, the same for every a)."""
+    -1: sits out; a sequence that keeps more guesses may run fewer rounds, as its lookahead
+    allows)."""
 
     verification: TopFuture
     rows: np.ndarray  # [B, k + 1] int64: rows of the verification's argmax (-1 past k_b + 1)

@@ -486,16 +486,17 @@ class TorchRunner:
                           context_lens=np.ones(after.num_seqs, dtype=np.int64), page_tables=after.page_tables,
                           slot_mapping=np.full(rows, scratch, dtype=np.int64),
                           logits_rows=np.arange(rows, dtype=np.int64))
-            sat_out = after.slots[:, 0, q:].T < 0  # [n, B]: the same for every accepted count
             if graphs is not None:
-                rounds = _sat_out_after(Rounds(np.where(sat_out, -1, 0), np.where(sat_out, -1, scratch)),
-                                        graphs.rounds)
-                ids = graphs.run(batch, size, rounds=rounds, chosen=chosen)[:, :n + 1]
+                # staged rounds: every sequence computes them (the chosen positions and slots replace them)
+                staged = Rounds(np.zeros((n, after.num_seqs), dtype=np.int64), np.full((n, after.num_seqs), scratch))
+                ids = graphs.run(batch, size, rounds=_sat_out_after(staged, graphs.rounds), chosen=chosen)[:, :n + 1]
             else:
                 tables_on_device = self._step_inputs(batch, kv_cache.page_size).decode_tables
                 ids = self._greedy_rounds(kv_cache, q, chosen.tokens, chosen.positions, chosen.slots,
                                           tables_on_device, chosen.round_positions, chosen.round_slots)
-        return _tokens_future(ids, sat_out.T)
+            # -1 where the accepted count sits a round out (its slot the scratch page, as staged above)
+            ids[:, 1:].masked_fill_((chosen.round_slots == scratch).T, -1)
+        return _tokens_future(ids)
 
     def _rounds_inputs(self, batch: Batch, rounds: Rounds, kv: TorchKVCache) -> tuple[Tensor, ...]:
         """A uniform step and its rounds as device tensors, the way a rounds graph stages them
@@ -828,13 +829,15 @@ def _sat_out_after(rounds: Rounds, num_rounds: int) -> Rounds:
     return Rounds(np.concatenate([rounds.positions, extra]), np.concatenate([rounds.slots, extra]))
 
 
-def _tokens_future(ids: Tensor, sat_out: np.ndarray) -> TokensFuture:
+def _tokens_future(ids: Tensor, sat_out: np.ndarray | None = None) -> TokensFuture:
     """Argmaxes [B, n + 1] for the host, queued behind the rounds (on CUDA copied to pinned host
     memory without waiting, an event marking when they have landed); -1 where ``sat_out``
-    [B, n] says a sequence sat a round out (it computed a row, for nobody). They stay on the
-    device too, for a Feed (a replayed graph's own output: read in stream order before its next
-    replay, which only a later launch queues)."""
+    [B, n] says a sequence sat a round out (it computed a row, for nobody; None: marked on the
+    device already). They stay on the device too, for a Feed (a replayed graph's own output:
+    read in stream order before its next replay, which only a later launch queues)."""
     def marked(host: np.ndarray) -> np.ndarray:
+        if sat_out is None:
+            return host
         host = host.copy()
         host[:, 1:][sat_out] = -1
         return host

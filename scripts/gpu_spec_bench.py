@@ -36,6 +36,10 @@ Sections (each writes its results to OUT/gpu_spec_bench.json as soon as it finis
 * exactness bf16 greedy speculative vs plain decoding, token for token: the bundled pair with
            and without batch_invariant (every prompt, k = 2, 4, 8), and the oracle's target shape
            with batch_invariant (the oracle drafter over the draft shape, timed as well)
+* async_exact the asynchronous speculative engine (rounds launched behind each verification)
+           against the synchronous one under the oracle at a = 0.8, k = 4 (the same tokens, and
+           how many inputs the device chose), then the draft shape as its own draft model
+           (batch_invariant): every guess kept, synchronous and asynchronous
 """
 
 from __future__ import annotations
@@ -202,14 +206,16 @@ def first_differences(plain: list[list[int]], spec: list[list[int]]) -> dict:
 
 
 def on_the_verifications_path(drafter: OracleDrafter, big, prompts: list[list[int]], plain_ids: list[list[int]],
-                              params: SamplingParams, k: int) -> None:
+                              params: SamplingParams, k: int) -> list[list[int]]:
     """Point the oracle at the tokens the verification computes, as bench_speculative does: it
     follows plain decoding's, then the tokens of an untimed speculative pass over them (in bf16
     a k + 1-row verification may round off plain decoding's path, after which every guess of
-    the plain tokens would be wrong)."""
+    the plain tokens would be wrong). Returns the tokens it now follows."""
     drafter.follow(prompts, plain_ids)
     engine = Engine(big, max_num_seqs=1, detail="none", drafter=drafter, num_draft=k)
-    drafter.follow(prompts, [engine.generate([p], params)[0].token_ids for p in prompts])
+    followed = [engine.generate([p], params)[0].token_ids for p in prompts]
+    drafter.follow(prompts, followed)
+    return followed
 
 
 def plain_async(model, prompts: list[list[int]]) -> tuple[list[list[int]], float]:
@@ -422,7 +428,8 @@ def async_exact(results: dict) -> None:
     each sequence's inputs chosen on the device by what it accepts) against the same engine
     stepping synchronously, the oracle at a = 0.8, k = 4 with the last draft variant: the oracle
     fixes the guesses, so both verify the same tokens and must emit the same ones. Also whether
-    the two-token catch-up's rounds graph ran (the device's choice, not the host's rule)."""
+    the two-token catch-up's rounds graph ran (the device's choice, not the host's rule). Then
+    the rounds themselves (``async_self``)."""
     big, _ = bs.shape_models(ARGS.target, ARGS.device, ARGS.dtype)
     label, quantize, head = draft_variants()[-1]
     small, _ = bs.shape_models(ARGS.draft, ARGS.device, ARGS.dtype, quantize=quantize, quantize_head=head)
@@ -441,11 +448,12 @@ def async_exact(results: dict) -> None:
         choices["host"] += 1
         return host_choice(self)
 
+    followed = on_the_verifications_path(OracleDrafter(small, 0.8, seed=1), big, prompts, plain_ids, params, 4)
     torch_fast.choose_after, AfterVerification.chosen = on_device, on_host
     try:
         for scheduling in ("sync", "async"):
             drafter = OracleDrafter(small, 0.8, seed=1)
-            on_the_verifications_path(drafter, big, prompts, plain_ids, params, 4)
+            drafter.follow(prompts, followed)
             engine = Engine(big, max_num_seqs=1, detail="none", drafter=drafter, num_draft=4,
                             async_scheduling=scheduling == "async")
             outputs[scheduling] = [engine.generate([p], params)[0].token_ids for p in prompts]
@@ -459,7 +467,7 @@ def async_exact(results: dict) -> None:
                               "round_graphs": {k: [list(g) for g in v] for k, v in graphs.items()}}
     log(f"  async vs sync speculative: identical {outputs['sync'] == outputs['async']}, graphs {graphs}, "
         f"inputs chosen {choices}, acceptance {acceptance}")
-    del big, small
+    del big, small, drafter, engine
     gc.collect()
     async_self(results["async_exact"])
 

@@ -3,6 +3,7 @@ engine, on both runners, while each decode step is launched before the one befor
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -348,21 +349,43 @@ def test_the_oracles_corruptions_do_not_depend_on_the_order_it_is_asked(oracle_m
     batch = prompts(3, seed=12)
     plain = [c.token_ids for c in tinyinfer.Engine(target).generate(batch, long)]
 
-    def kept(order: list[int], overlap: bool) -> dict[int, list[tuple[int, int]]]:
+    lengths = (30, 23, 17)
+
+    def kept(order: list[int], overlap: bool, together: bool = False) -> dict[int, list[tuple[int, int]]]:
         """Per prompt, how many guesses each of its steps made and kept (near the end too: the
-        rounds launched ahead draft what the lookahead allows after what was kept)."""
+        rounds launched ahead draft what the lookahead allows after what was kept), alone in
+        ``order`` or all at once."""
         drafter = OracleDrafter(draft, 0.6, seed=5)
         drafter.follow(batch, plain)
-        engine = tinyinfer.Engine(target, detail="none", drafter=drafter, num_draft=4, async_scheduling=overlap)
+        engine = tinyinfer.Engine(target, detail="none", drafter=drafter, num_draft=4, async_scheduling=overlap,
+                                  max_num_seqs=3)
+        adopt = engine.draft_run.adopt
+        adopted = [0]
+
+        def counted(*args):
+            launched = adopt(*args)
+            adopted[0] += launched is not None
+            return launched
+
+        engine.draft_run.adopt = counted
+        groups = [order] if together else [[i] for i in order]
         out = {}
-        for i in order:
-            done, traces = run(engine, [(batch[i], long)])
-            assert done[0].token_ids == plain[i]
-            out[i] = [(len(s.draft_tokens), s.accepted) for t in traces for s in t.seqs if s.draft_tokens]
+        for group in groups:
+            requests = [(batch[i], SamplingParams(temperature=0, max_tokens=lengths[i], ignore_eos=True))
+                        for i in group]
+            done, traces = run(engine, requests)
+            for trace in traces:
+                json.loads(trace.to_json())  # the oracle's guesses are plain ints in the trace
+            for i, completion in zip(group, done):
+                assert completion.token_ids == plain[i][:lengths[i]]
+                out[i] = [(len(s.draft_tokens), s.accepted) for t in traces for s in t.seqs
+                          if s.draft_tokens and s.request_id == completion.request_id]
+        assert (adopted[0] > 0) == overlap  # the asynchronous engine took rounds launched ahead
         return out
 
     forward = kept([0, 1, 2], False)
     assert kept([2, 1, 0], False) == forward == kept([0, 1, 2], True)
+    assert kept([0, 1, 2], False, together=True) == kept([0, 1, 2], True, together=True)
     assert len({a for counts in forward.values() for _, a in counts}) >= 3  # not all kept, nor none
 
 
@@ -445,8 +468,10 @@ def test_the_devices_choice_of_inputs_is_the_hosts_rule():
             guesses[b, :kb] += wrong * (1 + rng.integers(0, 3, kb))
             start += kb + 1
             base = int(rng.integers(5, 40))
+            lookahead = np.sort(rng.integers(0, n + 2, kb + 1))[::-1]  # fewer rounds after keeping more
             for a in range(kb + 1):
                 positions[b, a, 0 if a == kb else 1:] = base + a + np.arange(2 + n)[0 if a == kb else 1:]
+                positions[b, a, 2 + max(int(lookahead[a]) - 1, 0):] = -1  # rounds past its lookahead
         slots = np.where(positions >= 0, positions + 1000, -1)
         top = TopLogits(argmax[:, None], np.zeros((len(argmax), 1)), np.zeros(len(argmax)))
         after = AfterVerification(TopFuture.done(top), rows, guesses, positions, slots,

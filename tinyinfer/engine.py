@@ -420,8 +420,8 @@ class Engine:
     def _draft_ahead(self, chunks: list[Chunk], guesses: dict[int, Draft], rows: list[slice],
                      verification: TopFuture) -> None:
         """Asynchronous scheduling with a draft model: launch the next step's draft rounds behind
-        the verification (``DraftRun.launch_after``) where that step is certain to draft for
-        these sequences, whatever each keeps: every running one decodes plain greedy with
+        the verification (``DraftRun.launch_after``) where that step is certain to run these
+        sequences as plain greedy decodes: every running one decodes plain greedy with
         guesses. After keeping a of its guesses a sequence drafts as many as its lookahead
         allows then (the lookahead bounds a step's guesses: near its max_tokens, one that keeps
         more has room for fewer), as the synchronous engine would; one with no room even after
@@ -904,15 +904,17 @@ class DraftRun:
         """Launch the next step's catch-up and greedy rounds now, behind the verification of
         ``guesses`` (its rows ``rows`` of each sequence), before the host reads it: the runner
         picks each sequence's inputs by the guesses it keeps (``AfterVerification``); ks[i][a]
-        guesses for sequence i where it keeps a (its lookahead then, at least 1 for a = 0).
+        guesses for sequence i where it keeps a (its lookahead then, at least 1 for a = 0; at
+        0 its step still computes the target's token, and no round).
 
         A sequence that keeps a of its g guesses (the draft computed the first g - 1 in its
         rounds) catches up on its a-th guess (only where a = g: the draft never computed the
         last one) and the target's token after it, at positions L + a - 1 and L + a (L: the
-        first guess's position), then runs k - 1 rounds from L + a + 1 (k = ks[i][a]; the
-        rounds up to ks[i][0] - 1 it sits out). Pages are reserved for the most it may take;
-        where the pool cannot, nothing is launched. The caller plans: the next step drafts for
-        these sequences, each its lookahead, whatever they keep (``adopt``)."""
+        first guess's position), then runs k - 1 rounds from L + a + 1 (k = ks[i][a]) and sits
+        out the rest of the ks[i][0] - 1 rounds the launch runs. Pages are reserved for the
+        most it may take; where the pool cannot, nothing is launched. The caller plans: the
+        next step runs these sequences, each drafting what its lookahead allows after what it
+        keeps (``adopt``)."""
         if not all(self._reserve(seq, len(g) + max(k)) for seq, g, k in zip(seqs, guesses, ks)):
             return
         width, most = max(len(g) for g in guesses), max(k[0] for k in ks)

@@ -67,12 +67,7 @@ class OracleDrafter(DraftModelDrafter):
     def fixed_guesses(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         """The oracle's greedy guesses, decided on the host while the draft model's rounds run
         (their argmaxes only cost)."""
-        guesses: list[list[int]] = [[] for _ in seqs]
-        for r in range(max(ks, default=0)):
-            for seq, k, own in zip(seqs, ks, guesses):
-                if k > r:
-                    own.append(self._guess(seq, len(seq.output_ids) + r))
-        return guesses
+        return [[self._guess(seq, len(seq.output_ids) + r) for r in range(k)] for seq, k in zip(seqs, ks)]
 
     def _guess(self, seq: Sequence, at: int) -> int:
         """The followed token at output position ``at``, or (chance 1 − acceptance, or past what
@@ -83,4 +78,4 @@ class OracleDrafter(DraftModelDrafter):
         right = known[at]
         if keep[at]:
             return right
-        return int(wrong[at]) + (wrong[at] >= right)  # never `right`
+        return int(wrong[at] + (wrong[at] >= right))  # never `right`

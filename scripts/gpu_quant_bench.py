@@ -14,6 +14,10 @@
     layer): speed does not depend on the values. The roofline is the bytes one decode step must
     read (weights streamed + KV) over the device-to-device copy bandwidth measured in this run.
 (c) the batch-1 matrix products of the 8B shape with each kind of weight, one layer after another.
+(d) ``--profile``: where each variant's batch-1 step goes, kernel by kernel: ``torch.profiler``
+    over replays of the step's CUDA graph (the kernels the card ran, in order; one replay's
+    kernels counted and summed by name, its span from the first kernel's start to the last's
+    end, and the time no kernel ran).
 
 ``--head`` measures the quantized LM head and embedding (``--quantize-head``) instead: (a) the
 head's products at vocab x hidden shapes (llama-3-8b's 128256 x 4096, SmolLM2's 49152 x 576 and
@@ -121,10 +125,39 @@ def bench_weights(config: ModelConfig, fmt: str, device: torch.device) -> dict[s
     return weights
 
 
+def graph_profile(graph: torch.cuda.CUDAGraph, replays: int = 5) -> dict[str, Any]:
+    """One replay of a CUDA graph, kernel by kernel (the middle one of ``replays``, so that no
+    replay's start or end is cut): kernels a step, each kernel name's count and µs, the µs from
+    the first kernel's start to the last one's end, and the µs within that no kernel ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type.name == "CUDA")
+    per_replay = len(spans) // replays
+    step = spans[replays // 2 * per_replay:(replays // 2 + 1) * per_replay]
+    by_name: dict[str, list[float]] = {}
+    idle, reached = 0.0, step[0][0]
+    for start, end, kernel in step:
+        idle += max(0.0, start - reached)
+        reached = max(reached, end)
+        count, us = by_name.get(kernel, (0, 0.0))
+        by_name[kernel] = [count + 1, us + end - start]
+    return {"kernels_a_step": per_replay, "span_us": reached - step[0][0], "idle_us": idle,
+            "by_kernel": sorted(([k, c, us] for k, (c, us) in by_name.items()), key=lambda row: -row[2])}
+
+
 def decode_speed(name: str, raw: dict[str, Any], variant: str, bandwidth: float, device: torch.device,
-                 prompt_len: int, decode_steps: int) -> tuple[dict[str, Any], TorchRunner]:
+                 prompt_len: int, decode_steps: int, profile: bool = False) -> tuple[dict[str, Any], TorchRunner]:
     """Batch-1 greedy decode after a prompt: engine-facing forward and CUDA-graph replay; then
-    the graph replay of a 16-sequence decode step."""
+    the graph replay of a 16-sequence decode step (``profile``: and the batch-1 step's
+    ``graph_profile``)."""
     torch._dynamo.reset()  # compile each model fresh: no recompiles, no dynamic shapes
     config = config_from_dict(raw)
     fmt, kernel = split_variant(variant)
@@ -156,8 +189,11 @@ def decode_speed(name: str, raw: dict[str, Any], variant: str, bandwidth: float,
     context = position - decode_steps // 2
     replay_ms = batch16_ms = float("nan")
     decode = kv.graphs[1] if kv.graphs and 1 in kv.graphs else None  # one token per sequence
+    step_profile = None
     if decode is not None and 1 in decode.graphs:
         replay_ms = median_ms(decode.graphs[1][0].replay, 100, device)
+        if profile:
+            step_profile = graph_profile(decode.graphs[1][0])
         # 16 sequences at the same context, each on its own pages (their K/V are left as the
         # cache holds them: the step's cost does not depend on the values)
         tables = [[p + (s + 1) * len(table) for p in table] for s in range(16)]
@@ -176,6 +212,8 @@ def decode_speed(name: str, raw: dict[str, Any], variant: str, bandwidth: float,
               "build_s": build_s, "warmup_s": warmup_s, "forward_call": roofline(forward_ms, context),
               "graph_replay": roofline(replay_ms, position - 1),
               "batch16_graph_replay": {"ms_per_step": batch16_ms, "tokens_per_s": 16e3 / batch16_ms}}
+    if step_profile is not None:
+        result["step_profile"] = step_profile
     log(f"{name} {variant}: {1e3 / forward_ms:.1f} tok/s per forward call, {1e3 / replay_ms:.1f} tok/s "
         f"graph replay, {result['graph_replay']['percent_of_roofline']:.0f}% of roofline "
         f"({weight_bytes / 1e9:.2f} GB streamed; build {build_s:.0f} s, warm-up {warmup_s:.0f} s); "
@@ -311,6 +349,8 @@ def main() -> int:
                         help="the quantized LM head: head checks, decode with it (bf16, int8+head, "
                              "int4-g128+head by the Triton kernels and by torch's), the head's product")
     parser.add_argument("--no-matmul", action="store_true", help="skip the per-matrix timings (c)")
+    parser.add_argument("--profile", action="store_true",
+                        help="each variant's batch-1 step kernel by kernel, from its CUDA graph's replays (d)")
     args = parser.parse_args()
     if args.head:
         args.variants, args.no_matmul = list(HEAD_VARIANTS), True
@@ -339,7 +379,8 @@ def main() -> int:
                 continue
             try:  # one failing variant must not cost the others their numbers
                 result, runner = decode_speed(name, raw, fmt, report["bandwidth_GBps"], device,
-                                              prompt_len=128, decode_steps=10 if args.smoke else 40)
+                                              prompt_len=128, decode_steps=10 if args.smoke else 40,
+                                              profile=args.profile and device.type == "cuda")
                 report["decode"].append(result)
                 if name == next(iter(configs)) and device.type == "cuda" and not args.no_matmul:
                     report["matmul"][fmt] = matmul_microbench(runner, fmt, device)
@@ -378,6 +419,14 @@ def print_summary(report: dict[str, Any]) -> None:
               f"{graph['roofline_tokens_per_s']:>9.1f} {graph['percent_of_roofline']:>6.0f}% "
               f"{speedup:>7.2f}x {r['streamed_weight_bytes'] / 1e9:>8.2f} "
               f"{r['batch16_graph_replay']['tokens_per_s']:>10.0f}")
+    for r in report["decode"]:
+        if "step_profile" not in r:
+            continue
+        p = r["step_profile"]
+        print(f"\n{r['model']} {r['format']}: {p['kernels_a_step']} kernels a step, {p['span_us']:.0f} us from the "
+              f"first kernel's start to the last one's end, {p['idle_us']:.0f} us of it with no kernel running")
+        for kernel, count, us in p["by_kernel"][:8]:
+            print(f"  {us:8.1f} us  {count:4d} x {us / count:7.2f} us  {kernel[:70]}")
 
 
 if __name__ == "__main__":

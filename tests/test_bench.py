@@ -252,6 +252,25 @@ def test_speculative_options_are_refused_for_other_workloads(options):
                            "for bench latency\n")
 
 
+@pytest.mark.parametrize("workload, options, message", [
+    ("batching", ["--max-tokens", "8", "--prompt-tokens", "16"],
+     "--prompt-tokens applies to bench latency only: drop it for bench batching"),
+    ("prefix", ["--max-tokens", "8"], "--max-tokens applies to bench latency and speculative: drop it for bench prefix"),
+    ("prefix", ["--decode-tokens", "8"], "--max-tokens applies to bench latency and speculative: drop it for bench prefix"),
+    ("latency", ["--system-tokens", "64"], "--system-tokens applies to bench prefix only: drop it for bench latency"),
+    ("latency", ["--requests", "4", "--max-num-seqs", "2"],
+     "--requests, --max-num-seqs applies to bench batching and throughput: drop it for bench latency"),
+    ("speculative", ["--requests", "4"], "--requests applies to bench batching and throughput: drop it for bench speculative"),
+])
+def test_workload_options_are_refused_where_the_workload_does_not_read_them(workload, options, message):
+    """Every option that only some workloads read is an error elsewhere (one line, nothing run),
+    not silently ignored: bench batching --max-tokens 8 used to run its own lengths."""
+    done = cli("bench", workload, *options)
+    assert done.returncode == 2
+    assert done.stderr == f"tinyinfer: error: {message}\n"
+    assert done.stdout == ""
+
+
 def test_async_scheduling_is_refused_where_bench_cannot_use_it():
     done = cli("bench", "prefix", "--async-scheduling")
     assert done.returncode == 2

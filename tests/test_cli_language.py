@@ -125,6 +125,13 @@ def tinyinfer_cli(*argv: str) -> subprocess.CompletedProcess:
     (["quantize", "--bits", "8", "-o", "out"], "quantize needs --model"),
     (["lesson", "start"], "the following arguments are required: lesson"),
     (["nope"], "invalid choice nope"),
+    (["generate", "hi", "--model", "missing/model.gguf"], "model 'missing/model.gguf': no such file or folder"),
+    (["generate", "hi", "--stop", ""], "--stop must be a non-empty string (got '')"),
+    (["generate", "hi", "--temperature", "-1"], "--temperature must be"),
+    (["generate", "hi", "--top-p", "2"], "--top-p must be"),
+    (["generate", "hi", "--repetition-penalty", "0"], "--repetition-penalty must be"),
+    (["simulate", "--calibrate", "missing.json"],
+     "cannot read recorded tensor-parallel runs from missing.json: No such file or directory"),
 ])
 def test_a_usage_error_is_one_line_and_exit_status_2(argv, says):
     done = tinyinfer_cli(*argv)

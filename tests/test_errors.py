@@ -89,7 +89,11 @@ def test_model_without_tokenizer_refuses_text(engine):
 
 def test_unknown_model_and_runner(tmp_path, folder):
     with pytest.raises(TinyInferError, match="neither a known model"):
+        tinyinfer.load("nowhere")
+    with pytest.raises(TinyInferError, match="nowhere': no such file or folder"):
         tinyinfer.load(tmp_path / "nowhere")
+    with pytest.raises(TinyInferError, match="model.gguf': no such file or folder"):
+        tinyinfer.load("model.gguf")
     with pytest.raises(TinyInferError, match="runner"):
         tinyinfer.load(folder, runner="jax")
     with pytest.raises(ConfigError, match="config.json"):

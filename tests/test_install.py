@@ -38,6 +38,8 @@ def test_the_default_path_imports_no_optional_package(tmp_path):
             f"assert main(['quantize', 'bundled', '--bits', '4', '-o', {out!r}]) == 0\n"
             f"assert main(['generate', 'ROMEO:', '--max-tokens', '3', '--model', {out!r}]) == 0\n"
             "assert main(['simulate', '--model', 'llama-3-8b']) == 0\n"
+            "assert main(['simulate', '--model', 'llama-2-70b', '--hardware', 'h100', '--tensor-parallel', '4']) == 0\n"
+            "assert main(['bench', 'latency', '--prompt-tokens', '16', '--max-tokens', '4']) == 0\n"
             "import tui.app, lessons.course\n"
             f"loaded = sorted(m for m in {OPTIONAL!r} if m in sys.modules)\n"
             "print('LOADED', loaded)")

@@ -443,6 +443,29 @@ async def test_v_swaps_the_shared_slot_on_small_screens(model):
         assert in_slot() == ["next_token"]
 
 
+async def test_the_footer_offers_v_where_panels_share_a_slot(model):
+    """At 80 x 24 four panels and a shared slot fit, and the footer names the key that cycles
+    the slot, beside every other key it showed there (q Quit included); at 120 x 40 every panel
+    is on screen and v is gone from the footer; a resize moves it."""
+    from textual.widgets._footer import FooterKey
+
+    def footer_keys(screen) -> list[str]:
+        return [key.key for key in screen.query(FooterKey)]
+
+    async with make_app(model, walkthrough=False).run_test(size=(80, 24)) as pilot:
+        screen = await started(pilot)
+        assert footer_keys(screen) == ["space", "r", "b", "n", "a", "s", "c", "question_mark", "v", "q"]
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause()
+        await pilot.pause()
+        assert "v" not in footer_keys(screen)
+        assert not [p.id for p in screen.query(".swap") if not p.display and not p.has_class("-off")]
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        await pilot.pause()
+        assert "v" in footer_keys(screen)
+
+
 async def test_w_toggles_the_walkthrough(model):
     async with make_app(model).run_test(size=(80, 24)) as pilot:
         screen = await started(pilot)

@@ -37,7 +37,7 @@ def test_bad_model_is_reported_on_screen(tmp_path):
     tui = TmuxTUI(["--model", str(tmp_path / "missing")], width=100, height=30)
     try:
         screen = tui.wait_for("Press q to quit")
-        assert "failed" in screen and "neither a known model" in screen
+        assert "failed" in screen and "no such file or folder" in screen
         tui.press("q")
         assert tui.wait_closed()
     finally:

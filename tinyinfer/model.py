@@ -131,6 +131,8 @@ def resolve_source(source: str | Path) -> tuple[Path, str]:
     path = Path(source).expanduser()
     if path.is_file() and is_gguf(path):
         return path, path.stem
+    if not path.exists() and (path.suffix.lower() == ".gguf" or len(path.parts) > 1):
+        raise TinyInferError(f"model {str(source)!r}: no such file or folder")
     if not path.is_dir():
         names = ", ".join([*BUNDLED, *INSTALLED])
         raise TinyInferError(

@@ -106,7 +106,7 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
           f"intensity {decode_ai:.2f} FLOPs/byte vs balance {balance:.1f}",
           True if decode_ai < balance and share >= 0.5 else (None if decode_ai < balance else False),
           "memory-bound as claimed" if share >= 0.5 else
-          f"the arithmetic is memory-bound (intensity far below balance), but a {step_ms:.1f} ms step "
+          f"the arithmetic is memory-bound (intensity far below balance), but a step of {step_ms:.1f} ms "
           f"spends only {read_ms:.1f} ms reading memory: the rest is per-step overhead of a Python "
           "engine on a small model. A large model on a GPU (torch runner, CUDA graphs) gets close "
           "to the roofline")

@@ -13,6 +13,8 @@ import statistics
 import time
 from typing import Callable, Sequence
 
+import numpy as np
+
 from tinyinfer.display import progress
 from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.simulate.calibrate import (
@@ -30,22 +32,23 @@ from tinyinfer.simulate.presets import HARDWARE, Hardware, SimulationError
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
-def _sync(device: str) -> None:
-    import torch
-
+def sync(device: str) -> None:
+    """Wait for the device's queued work (a CUDA device; the CPU has none to wait for)."""
     if device.startswith("cuda"):
+        import torch
+
         torch.cuda.synchronize(device)
 
 
 def median_seconds(fn: Callable[[], object], device: str, repeats: int = 5) -> float:
     """Median wall time of fn() after one warm-up call, synchronising the device around it."""
     fn()
-    _sync(device)
+    sync(device)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -56,26 +59,27 @@ COPY_BYTES = {"cuda": 2 << 30, "cpu": 1 << 30}  # far beyond every cache (docs/b
 def measure_copy_bandwidth(device: str, nbytes: int | None = None, repeats: int = 5) -> float:
     """Bytes/s of a device-to-device copy, counting the read and the write: the roofline's
     denominator. On a GPU each copy is timed with CUDA events (no host round trip in the
-    interval), the median of ``repeats`` after a warm-up; on the CPU with the host clock."""
+    interval), the median of ``repeats`` after a warm-up; on the CPU NumPy's copy (one thread,
+    as memcpy: the NumPy path needs no torch) with the host clock."""
+    if not device.startswith("cuda"):
+        src_host = np.ones((nbytes or COPY_BYTES["cpu"]) // 4, dtype=np.float32)
+        dst_host = np.empty_like(src_host)
+        seconds = median_seconds(lambda: np.copyto(dst_host, src_host), device, repeats)
+        return 2 * src_host.nbytes / seconds
     import torch
 
-    kind = "cuda" if device.startswith("cuda") else "cpu"
-    src = torch.empty((nbytes or COPY_BYTES[kind]) // 4, dtype=torch.float32, device=device).fill_(1.0)
+    src = torch.empty((nbytes or COPY_BYTES["cuda"]) // 4, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
-    if kind == "cpu":
-        seconds = median_seconds(lambda: dst.copy_(src), device, repeats)
-    else:
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         dst.copy_(src)
-        times = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        seconds = statistics.median(times)
-    return 2 * src.numel() * 4 / seconds
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * src.numel() * 4 / statistics.median(times)
 
 
 def measure_matmul_flops(device: str, precision: str, n: int, repeats: int = 5) -> float:

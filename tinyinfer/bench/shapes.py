@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyinfer.bench.measure import measure_copy_bandwidth
+from tinyinfer.bench.measure import measure_copy_bandwidth, sync
 from tinyinfer.bench.workloads import Request
 from tinyinfer.config import ModelConfig
 from tinyinfer.display import progress
@@ -200,13 +200,6 @@ def folder_models(source: str, runner: str, device: str | None, dtype: str | Non
     return model, peer
 
 
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def weights_name(model: Model) -> str:
     """What the weights are: the quantization format, or the float dtype the runner computes in."""
     return model.quantization.name if model.quantization is not None else model.runner.info.dtype
@@ -320,11 +313,11 @@ def peer_latency(peer: Any, vocab_size: int, prompt_tokens: int = 512, decode_to
                        device=device)
 
     def run(n: int) -> float:
-        _sync(device)
+        sync(device)
         t = time.perf_counter()
         with torch.no_grad():
             peer.generate(ids, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
-        _sync(device)
+        sync(device)
         return time.perf_counter() - t
 
     with progress.task("transformers: generate calls", total=1 + 2 * repeats) as advance:
@@ -351,9 +344,11 @@ def _peer_dtype(peer: Any) -> str:
 
 
 def _peak_memory(device: str) -> int:
+    if not device.startswith("cuda"):
+        return 0
     import torch
 
-    return int(torch.cuda.max_memory_allocated()) if device.startswith("cuda") else 0
+    return int(torch.cuda.max_memory_allocated())
 
 
 OFFLINE_LENGTHS = (100, 1024)  # nano-vllm's bounds on prompt and on output length
@@ -453,7 +448,7 @@ def peer_throughput(peer: Any, workload: list[Request], batch_size: int = 64) ->
             peer.generate(ids.to(device), attention_mask=mask.to(device), do_sample=False,
                           max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
         tokens += sum(r.max_tokens for r in group)  # only what each request asked for counts
-    _sync(device)
+    sync(device)
     seconds = time.perf_counter() - start
     return ThroughputResult("transformers generate", len(workload), tokens, seconds, tokens / seconds,
                             _peer_dtype(peer))

@@ -126,14 +126,22 @@ def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
 
 
 def sampling_params(args: argparse.Namespace, stop: tuple[str, ...] = ()):
-    """The SamplingParams the sampling flags name (``stop`` adds stop strings)."""
+    """The SamplingParams the sampling flags name (``stop`` adds stop strings); a value they
+    refuse is reported under its flag's name."""
     import tinyinfer
+    from tinyinfer.errors import SamplingParamsError, TinyInferError
 
-    return tinyinfer.SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-        seed=args.seed, stop=(*stop, *args.stop),
-    )
+    if "" in args.stop:
+        raise TinyInferError("--stop must be a non-empty string (got '')")
+    try:
+        return tinyinfer.SamplingParams(
+            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+            top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+            seed=args.seed, stop=(*stop, *args.stop),
+        )
+    except SamplingParamsError as exc:  # "<field> must be ...": the field is a flag here
+        field, rest = str(exc).split(" ", 1)
+        raise TinyInferError(f"--{field.replace('_', '-')} {rest}") from None
 
 
 def runner_options(args: argparse.Namespace, preset: bool = False) -> dict[str, object]:

@@ -89,13 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="requests (default: batching 200, throughput 256)")
     bench.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
                        help=f"concurrent sequences (default: batching {DEFAULTS.max_num_seqs}, throughput 256)")
-    bench.add_argument("--prompt-tokens", type=positive_int, default=512, metavar="N",
-                       help="prompt length (latency)")
-    bench.add_argument("--max-tokens", type=positive_int, default=128, metavar="N",
-                       help="tokens generated per request (latency, speculative)")
+    bench.add_argument("--prompt-tokens", type=positive_int, default=None, metavar="N",
+                       help="prompt length (latency; default 512)")
+    bench.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
+                       help="tokens generated per request (latency, speculative; default 128)")
     add_alias(bench, "--decode-tokens", "max_tokens", type=positive_int)
-    bench.add_argument("--system-tokens", type=positive_int, default=512, metavar="N",
-                       help="shared prefix length (prefix)")
+    bench.add_argument("--system-tokens", type=positive_int, default=None, metavar="N",
+                       help="shared prefix length (prefix; default 512)")
     bench.add_argument("--speculative", choices=("draft", "lookup", "oracle"), default=None,
                        help="drafter for the speculative workload (default draft); oracle: the draft model runs "
                             "for its cost while the target's own greedy tokens are proposed, "
@@ -118,23 +118,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Options of bench speculative alone, and their defaults there.
-SPECULATIVE_OPTIONS = {"speculative": "draft", "draft_model": None, "num_draft": 4, "task": "continue",
-                       "acceptance": None, "draft_quantize": None, "draft_quantize_head": False}
+# Options that only some bench workloads read: each workload that reads one, and its default there.
+SPECULATIVE_DEFAULTS = {"speculative": "draft", "draft_model": None, "num_draft": 4, "task": "continue",
+                        "acceptance": None, "draft_quantize": None, "draft_quantize_head": False}
+WORKLOAD_OPTIONS: dict[str, dict[str, object]] = {
+    "prompt_tokens": {"latency": 512},
+    "max_tokens": {"latency": 128, "speculative": 128},
+    "system_tokens": {"prefix": 512},
+    "requests": {"batching": 200, "throughput": 256},
+    "max_num_seqs": {"batching": DEFAULTS.max_num_seqs, "throughput": 256},
+    **{name: {"speculative": default} for name, default in SPECULATIVE_DEFAULTS.items()},
+}
 # The drafters that run a draft model (the ones --draft-model and --draft-quantize apply to).
 MODEL_DRAFTERS = ("draft", "oracle")
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    if args.workload != "speculative":
-        given = [f"--{name.replace('_', '-')}" for name in SPECULATIVE_OPTIONS
-                 if getattr(args, name) is not None and getattr(args, name) is not False]  # 0.0 is given
-        if given:
-            raise TinyInferError(f"{', '.join(given)} applies to bench speculative only: drop it "
-                                 f"for bench {args.workload}")
-    for name, default in SPECULATIVE_OPTIONS.items():
+def workload_options(args: argparse.Namespace) -> None:
+    """Refuse an option the workload does not read (a reader would think it took effect), then
+    fill in each unset option the workload's default."""
+    refused: dict[tuple[str, ...], list[str]] = {}
+    for name, defaults in WORKLOAD_OPTIONS.items():
+        given = getattr(args, name) is not None and getattr(args, name) is not False  # 0.0 is given
+        if given and args.workload not in defaults:
+            refused.setdefault(tuple(defaults), []).append(f"--{name.replace('_', '-')}")
+    for workloads, flags in refused.items():
+        where = f"{workloads[0]} only" if len(workloads) == 1 else " and ".join(workloads)
+        raise TinyInferError(f"{', '.join(flags)} applies to bench {where}: drop it for bench {args.workload}")
+    for name, defaults in WORKLOAD_OPTIONS.items():
         if getattr(args, name) is None:
-            setattr(args, name, default)
+            setattr(args, name, defaults.get(args.workload))
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    workload_options(args)
     if args.acceptance is not None and args.speculative != "oracle":
         raise TinyInferError("--acceptance sets the oracle drafter's rate: add --speculative oracle")
     if args.acceptance is not None and not 0 <= args.acceptance <= 1:
@@ -156,8 +172,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.workload == "speculative":
         results = _bench_speculative(model, args)
     elif args.workload == "batching":
-        results = bench.bench_batching(model, 200 if args.requests is None else args.requests, DEFAULTS.max_num_seqs if args.max_num_seqs is None else args.max_num_seqs,
-                                       seed=args.seed)
+        results = bench.bench_batching(model, args.requests, args.max_num_seqs, seed=args.seed)
         print(bench.batching_table(results))
     else:
         results = bench.bench_prefix(model, system_tokens=args.system_tokens, seed=args.seed)
@@ -241,8 +256,8 @@ def _bench_shapes(args: argparse.Namespace) -> int:
             print(f"note: {model.name} has a {model.config.max_model_len}-token context: prompt and "
                   f"output lengths drawn from {low}..{high} instead of "
                   f"{bs.OFFLINE_LENGTHS[0]}..{bs.OFFLINE_LENGTHS[1]}", file=sys.stderr)
-        workload = bs.offline_workload(256 if args.requests is None else args.requests, model.config.vocab_size, low, high, seed=args.seed)
-        results = [bs.bench_throughput(model, workload, max_num_seqs=256 if args.max_num_seqs is None else args.max_num_seqs,
+        workload = bs.offline_workload(args.requests, model.config.vocab_size, low, high, seed=args.seed)
+        results = [bs.bench_throughput(model, workload, max_num_seqs=args.max_num_seqs,
                                        async_scheduling=args.async_scheduling)]
         if peer is not None:
             results.append(bs.peer_throughput(peer, workload))
@@ -457,8 +472,9 @@ def _use_threads(args: argparse.Namespace) -> None:
     given = vars(args)  # each subcommand has its own options
     if "threads" not in given:
         return
+    runs_ranks = given.get("tensor_parallel", 1) > 1 and args.command != "simulate"  # simulate only predicts them
     if (given.get("runner") == "torch" or given.get("preset") or given.get("peer")
-            or given.get("tensor_parallel", 1) > 1 or given.get("calibrate") == ""):
+            or runs_ranks or given.get("calibrate") == ""):
         import torch  # noqa: F401  (so that threads.use sets its pool as well)
     threads.use(args.threads)
 

@@ -149,8 +149,12 @@ def load_recorded(path: str | Path, asynchronous: bool = False) -> Recorded:
                           for run, (value, _) in zip(runs, recorded)
                           if run.gpus > 1 and "median_all_reduce_us" in value.get("profile", {}))
         device = f"{data['gpus']} x {data['device']}"
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SimulationError(f"cannot read recorded tensor-parallel runs from {path} ({exc!r}): give the "
+    except OSError as exc:
+        raise SimulationError(f"cannot read recorded tensor-parallel runs from {path}: {exc.strerror}; give "
+                              "the JSON file scripts/tp_gpu_check.py writes") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        what = f"no field {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0]
+        raise SimulationError(f"{path} holds no recorded tensor-parallel runs ({what}): give the "
                               "JSON file scripts/tp_gpu_check.py writes") from None
     if asynchronous and not runs:
         raise SimulationError(f"{path} holds no runs made with asynchronous scheduling: record them with "

@@ -98,7 +98,7 @@ class RunScreen(Screen):
         Binding("h", "head(1)", "Attention: next head", show=False),
         Binding("H", "head(-1)", "Attention: previous head", show=False),
         Binding("i", "toggle_ids", "Show token ids / text", show=False),
-        Binding("v", "swap", "Small screens: cycle the swapped panel", show=False),
+        Binding("v", "swap", "Panels", tooltip="Small screens: show the next of the panels that share a slot"),
         Binding("w", "toggle_walkthrough", "Walkthrough narration on / off", show=False),
         Binding("d", "toggle_speculative", "Speculative decoding on / off (restarts the requests)",
                 show=False),
@@ -157,7 +157,7 @@ class RunScreen(Screen):
                 if cls.SWAPPABLE:
                     panel.add_class("swap")
                 yield panel.data_bind(**{name: getattr(RunScreen, name) for name in cls.BINDS})
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self._timer = self.set_interval(self.options.run_interval, self._tick, pause=True)
@@ -447,9 +447,15 @@ class RunScreen(Screen):
         self.walkthrough = not self.walkthrough
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """A feature's keys work only in runs that use the feature."""
+        """A feature's keys work only in runs that use the feature; v only where panels share a
+        slot (a small screen), so that the footer offers it there."""
+        if action == "swap":
+            return self.has_class("-narrow") or self.has_class("-short")
         feature = FEATURE_ACTIONS.get(action)
         return feature is None or feature in self.features
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self.refresh_bindings)  # the breakpoint classes have moved by then
 
     def action_help(self) -> None:
         keys = [b for b in self.BINDINGS if self.check_action(b.action.split("(")[0], ())]

@@ -124,6 +124,24 @@ def test_chat_session_keeps_the_turns(smollm2):
     assert session.messages == [{"role": "system", "content": "Answer in one sentence."}]
 
 
+def test_a_reply_cut_at_max_tokens_says_so(smollm2):
+    """A reply stopped by --max-tokens ends with a marker on the terminal (the server says
+    finish_reason "length"), which stays out of the conversation."""
+    import io
+
+    from tinyinfer.cli.chat import ChatSession
+
+    session = ChatSession(tinyinfer.Engine(smollm2), tinyinfer.SamplingParams(max_tokens=3, temperature=0), None)
+    out = io.StringIO()
+    answer = session.reply("Write a long story about a cat.", out)
+    assert out.getvalue().endswith(" [cut: --max-tokens 3]\n")
+    assert session.messages[-1] == {"role": "assistant", "content": answer} and "[cut" not in answer
+    out = io.StringIO()
+    session = ChatSession(tinyinfer.Engine(smollm2), tinyinfer.SamplingParams(max_tokens=24, temperature=0), None)
+    session.reply("What is the capital of France?", out)
+    assert "[cut" not in out.getvalue()  # a reply that ends by itself has no marker
+
+
 def test_chat_through_the_server_with_the_openai_client(smollm2):
     import openai
 

@@ -148,13 +148,21 @@ def test_context_overflow_is_400_with_openai_code(server, model):
     limit = model.config.max_model_len
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model=model.name, prompt="To be", max_tokens=limit)
-    assert caught.value.code == "context_length_exceeded"
+    assert caught.value.code == "context_length_exceeded" and caught.value.param == "prompt"
     assert str(limit) in caught.value.message
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model=model.name, prompt=[5] * (limit + 1), max_tokens=1)
-    with pytest.raises(openai.BadRequestError):
+    assert caught.value.param == "prompt"
+    with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=model.name, max_tokens=1,
                                        messages=[{"role": "user", "content": "word " * limit}])
+    assert caught.value.param == "messages"
+    # a token the vocabulary does not have names the field it came in
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=model.name, prompt=[model.config.vocab_size + 7], max_tokens=1)
+    assert caught.value.param == "prompt" and "outside the vocabulary" in caught.value.message
+    # and the server still answers
+    assert client.completions.create(model=model.name, prompt="To be", max_tokens=2).choices[0].text
 
 
 # ----------------------------------------------------------------- capacity and time

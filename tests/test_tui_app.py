@@ -162,6 +162,12 @@ async def test_speculative_panel_marks_accepted_guesses_and_the_bonus(model, tex
         screen = await started(pilot)
         panel = screen.query_one(SpeculativePanel)
         assert panel.display and "draft model" in shown(panel)
+        # before any verification the note wraps to the panel (it was cut with an ellipsis)
+        width = panel.content_size.width
+        note = shown(panel).splitlines()[1:]
+        assert " ".join(line.strip() for line in note if line.strip()) == (
+            "No draft verified yet: drafting starts once a sequence decodes.")
+        assert all(len(line.rstrip()) <= width for line in note)
         await press(pilot, "space", "space")
         part = screen.frame.trace.seqs[0]
         assert part.draft_tokens and part.accepted == 3

@@ -77,8 +77,8 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
         when = f", complete at step {freed[i][0]}, then freed"
         print(f"sequence {i} ({len(seqs[i])} tokens): pages [{marked}]{when}")
     print(f"* a page sequence 1 held until it was freed after step {step_1}: freed pages go back to the "
-          "allocator and the next sequence to need one gets it, so one page number appears in two "
-          "tables, at different times (sequence 3 joined only after sequence 1 was freed)")
+          "allocator's free list and a later sequence gets them when its turn comes, so one page number "
+          "appears in two tables, at different times (sequence 3 joined only after sequence 1 was freed)")
     print(f"largest logit difference from running each sequence alone: {worst:.2e}"
           f" -> {'the scattered pages give the same answers' if worst < 1e-3 else 'WRONG answers'}")
 

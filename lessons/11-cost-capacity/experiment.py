@@ -43,8 +43,9 @@ def capacity(impl: ModuleType, model: str, hardware: str, precision: str) -> tup
                               one.kv_bytes_per_token.value, sc.prompt_tokens + sc.output_tokens)
     speeds = {b: s.user_tokens_per_second.value for b, s in sims.items()}
     users = impl.users_served(speeds, cap, FLOOR)
-    rows = [(b, s.user_tokens_per_second.value, s.decode_throughput.value, "yes" if b <= cap else "no")
-            for b, s in sims.items()]
+    # a batch past what fits shows no speed: the simulator would run only cap of its requests at once
+    rows = [(b, s.user_tokens_per_second.value, s.decode_throughput.value, "yes") if b <= cap
+            else (b, "—", "—", f"no ({cap} fit)") for b, s in sims.items()]
     return rows, users, speeds[1], one.ttft.value
 
 

@@ -124,7 +124,9 @@ def on_this_cpu(impl: ModuleType, m: Model, quick: bool) -> None:
     ids = m.tokenizer.encode(heldout_text(6000))
     prompts = [ids[i * 300:i * 300 + 24] for i in range(2 if quick else 4)]
     ref = tinyinfer.load(m.path, runner="torch", device="cpu")
-    tp = tinyinfer.load(m.path, runner="torch", tensor_parallel=2, device="cpu")
+    # time_collectives: each rank's all-reduces timed apart from its compute (off by default: on a
+    # GPU the events cost time; here the host clock reads them)
+    tp = tinyinfer.load(m.path, runner="torch", tensor_parallel=2, device="cpu", time_collectives=True)
     try:
         gap = float(np.abs(tp.logits(ids[:64]) - ref.logits(ids[:64])).max())
         runs = {name: generate(model, prompts, 8 if quick else 32) for name, model in (("TP=1", ref), ("TP=2", tp))}

@@ -108,7 +108,12 @@ class ChatSession:
                     break
         except KeyboardInterrupt:  # stop this reply; what came so far stays in the conversation
             self.engine.abort_request(request)
+        completion = self.engine.completion(request)
         self.engine.release(request)
+        if completion.finish_reason == "length":  # say so: a reply cut mid-sentence looks like a bug
+            cause = (f"--max-tokens {self.params.max_tokens}" if len(completion.token_ids) >= self.params.max_tokens
+                     else "the model's context is full")
+            out.write(f" [cut: {cause}]")
         out.write("\n")
         answer = "".join(chunks).strip()
         self.messages = [*messages, {"role": "assistant", "content": answer}]

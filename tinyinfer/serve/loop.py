@@ -68,10 +68,11 @@ class Job:
     _ids = itertools.count()
 
     def __init__(self, entries: Sequence[tuple[list[int], SamplingParams]], n: int,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, input_field: str | None = None) -> None:
         self.id = f"job{next(self._ids)}"
         self.entries = list(entries)  # prompt by prompt, n choices each
         self.n = n
+        self.input_field = input_field  # prompt or messages: what a refused input names
         self.arrival = time.perf_counter()
         self._loop = loop
         self.accepted: asyncio.Future[None] = loop.create_future()
@@ -190,12 +191,13 @@ class EngineLoop:
                            headers={"Retry-After": "1"})
 
     def submit(self, entries: Sequence[tuple[list[int], SamplingParams]], n: int,
-               loop: asyncio.AbstractEventLoop) -> Job:
-        """Queue a job, or refuse it at once when the server is full or closing."""
+               loop: asyncio.AbstractEventLoop, input_field: str | None = None) -> Job:
+        """Queue a job, or refuse it at once when the server is full or closing (``input_field``:
+        the request's field for the input, which an error about it names)."""
         with self._lock:
             self._check_room(len(entries))
             self._reserved += len(entries)
-            job = Job(entries, n, loop)
+            job = Job(entries, n, loop, input_field)
             # Inside the lock: every accepted add is queued before stop() queues _STOP.
             self._commands.put(("add", job))
         return job
@@ -263,7 +265,7 @@ class EngineLoop:
                 self._drop(request_id)
             self._unreserve(len(job.entries) - len(added))
             if isinstance(exc, TinyInferError):
-                job.reject(engine_error(exc))
+                job.reject(engine_error(exc, job.input_field))
             else:
                 log.exception("adding %s failed", job.id)
                 job.reject(_internal_error())

@@ -41,6 +41,7 @@ class Shape:
     object_name = ""
     chunk_object = ""
     id_prefix = ""
+    input_field = ""  # the request field that holds the input (an error about it names it)
 
     def __init__(self, model: str, tokenizer: Tokenizer | None, n: int, num_choices: int,
                  want_logprobs: bool, fingerprint: str) -> None:
@@ -97,6 +98,7 @@ class CompletionShape(Shape):
 
     object_name = chunk_object = "text_completion"
     id_prefix = "cmpl-"
+    input_field = "prompt"
 
     def logprobs(self, deltas: Sequence[Delta]) -> dict[str, Any] | None:
         """Legacy layout: parallel lists of token strings, logprobs, alternatives, offsets."""
@@ -125,6 +127,7 @@ class ChatShape(Shape):
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
     id_prefix = "chatcmpl-"
+    input_field = "messages"
 
     def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
         raw = token_bytes(self.tokenizer, token_id)

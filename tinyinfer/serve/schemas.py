@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tinyinfer.errors import ContextOverflowError, TinyInferError
+from tinyinfer.errors import ContextOverflowError, PromptError, SamplingParamsError, TinyInferError
 from tinyinfer.sampling import MAX_LOGPROBS, REPETITION_PENALTY_RANGE
 
 MAX_STOP = 16
@@ -70,10 +70,18 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
-def engine_error(exc: TinyInferError) -> APIError:
-    """Map an engine refusal (bad params, prompt too long, pool too small) to a 400."""
+def engine_error(exc: TinyInferError, input_field: str | None = None) -> APIError:
+    """Map an engine refusal (bad params, prompt too long, pool too small) to a 400, naming the
+    field at fault where one is: a sampling parameter by its name (the message starts with it),
+    the input (``input_field``: prompt or messages) for a token outside the vocabulary or a
+    prompt that leaves no room for the answer."""
     code = "context_length_exceeded" if isinstance(exc, ContextOverflowError) else None
-    return bad_request(str(exc), code=code)
+    param = None
+    if isinstance(exc, SamplingParamsError):
+        param = str(exc).split(" ", 1)[0]
+    elif isinstance(exc, PromptError):
+        param = input_field
+    return bad_request(str(exc), param=param, code=code)
 
 
 def parse_json_object(data: bytes) -> dict[str, Any]:

@@ -180,7 +180,7 @@ class OpenAIServer:
 
     async def _generate(self, request: Request, entries: list[tuple[list[int], SamplingParams]],
                         options: Options, shape: Shape, deadline: float) -> Response:
-        job = self.loop.submit(entries, options.n, asyncio.get_running_loop())
+        job = self.loop.submit(entries, options.n, asyncio.get_running_loop(), shape.input_field)
         await self._until(job, job.accepted, deadline)
         if options.stream:
             return StreamingResponse(self._stream(job, shape, options.include_usage, deadline),
@@ -356,7 +356,8 @@ async def _on_api_error(request: Request, exc: Exception) -> Response:
 
 async def _on_engine_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, TinyInferError)
-    return _error_response(engine_error(exc))
+    input_field = "messages" if request.url.path.endswith("/chat/completions") else "prompt"
+    return _error_response(engine_error(exc, input_field))
 
 
 async def _on_http_error(request: Request, exc: Exception) -> Response:

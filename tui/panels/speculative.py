@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from rich.text import Text
 from textual.reactive import reactive
 
@@ -68,8 +70,9 @@ class SpeculativePanel(Panel):
         rows = [p for p in (seq.samples if seq else ()) if p.draft_tokens]
         drafter = Text(f"drafter: {self.drafter or 'not recorded'}", style="dim")
         if seq is None or not rows:
-            note = Text("No draft verified yet: drafting starts once a sequence decodes.", "dim")
-            return Text("\n").join([drafter, note])
+            # wrapped to the panel here: its lines are not wrapped for it (they are drawn cell by cell)
+            note = textwrap.wrap("No draft verified yet: drafting starts once a sequence decodes.", width)
+            return Text("\n").join([drafter, *(Text(line, "dim") for line in note)])
         lines = pack([Text(seq.label, f"bold {seq_color(seq.seq_id)}"),
                       Text(self.drafter or "drafter not recorded", "dim")], width, 2)
         lines += pack([Text(f"accepted {kept}/{guessed} ({100 * kept / guessed:.0f}%)"),

@@ -141,6 +141,8 @@ def graph_profile(graph: torch.cuda.CUDAGraph, replays: int = 5) -> dict[str, An
     spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                    if e.device_type.name == "CUDA")
     per_replay = len(spans) // replays
+    if per_replay * replays != len(spans):  # a kernel missed or extra: the slices would straddle replays
+        raise RuntimeError(f"{len(spans)} kernels over {replays} replays of one graph")
     step = spans[replays // 2 * per_replay:(replays // 2 + 1) * per_replay]
     by_name: dict[str, list[float]] = {}
     idle, reached = 0.0, step[0][0]

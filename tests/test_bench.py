@@ -246,20 +246,27 @@ def test_latency_with_async_scheduling_names_it_and_reports_no_idle_share_off_th
 def test_speculative_options_are_refused_for_other_workloads(options):
     """An option only bench speculative reads is an error elsewhere, not silently ignored."""
     done = cli("bench", "latency", *options)
-    named = " ".join(o for o in options if o.startswith("--")).replace(" ", ", ")
+    flags = [o for o in options if o.startswith("--")]
+    verb, them = ("applies", "it") if len(flags) == 1 else ("apply", "them")
     assert done.returncode == 2
-    assert done.stderr == (f"tinyinfer: error: {named} applies to bench speculative only: drop it "
+    assert done.stderr == (f"tinyinfer: error: {', '.join(flags)} {verb} to bench speculative only: drop {them} "
                            "for bench latency\n")
 
 
 @pytest.mark.parametrize("workload, options, message", [
     ("batching", ["--max-tokens", "8", "--prompt-tokens", "16"],
-     "--prompt-tokens applies to bench latency only: drop it for bench batching"),
+     "--prompt-tokens applies to bench latency only; --max-tokens applies to bench latency and speculative: "
+     "drop them for bench batching"),
+    ("prefix", ["--preset", "gpt2"],
+     "--preset applies to bench latency, throughput and speculative: drop it for bench prefix"),
+    ("batching", ["--peer", "transformers"], "--peer applies to bench latency and throughput: drop it for bench batching"),
+    ("speculative", ["--peer", "transformers"],
+     "--peer applies to bench latency and throughput: drop it for bench speculative"),
     ("prefix", ["--max-tokens", "8"], "--max-tokens applies to bench latency and speculative: drop it for bench prefix"),
     ("prefix", ["--decode-tokens", "8"], "--max-tokens applies to bench latency and speculative: drop it for bench prefix"),
     ("latency", ["--system-tokens", "64"], "--system-tokens applies to bench prefix only: drop it for bench latency"),
     ("latency", ["--requests", "4", "--max-num-seqs", "2"],
-     "--requests, --max-num-seqs applies to bench batching and throughput: drop it for bench latency"),
+     "--requests, --max-num-seqs apply to bench batching and throughput: drop them for bench latency"),
     ("speculative", ["--requests", "4"], "--requests applies to bench batching and throughput: drop it for bench speculative"),
 ])
 def test_workload_options_are_refused_where_the_workload_does_not_read_them(workload, options, message):

@@ -455,7 +455,7 @@ def test_a_preset_draft_shape_takes_draft_quantize():
      "--draft-quantize-head applies to a draft model: add --speculative draft or oracle"),
     (["bench", "speculative", "--draft-quantize", "q4"], "unknown quantization q4"),
     (["bench", "latency", "--draft-quantize", "int4", "--draft-quantize-head"],
-     "--draft-quantize, --draft-quantize-head applies to bench speculative only: drop it for bench latency"),
+     "--draft-quantize, --draft-quantize-head apply to bench speculative only: drop them for bench latency"),
 ])
 def test_draft_quantize_misuse_is_one_line(argv, says):
     import subprocess

@@ -46,9 +46,10 @@ def run(impl: ModuleType, quick: bool, model: str) -> None:
     engine = m.tokenizer.encode(text)
     engine_s = time.perf_counter() - start
     same = mine == engine
-    special = m.config.vocab_size - len(ranks)  # <|endoftext|>: no bytes, so no merge makes it
+    others = m.config.vocab_size - len(ranks)  # e.g. <|endoftext|>: no bytes, so no merge makes it
     print(f"{len(text):,} characters -> {len(engine):,} tokens (a vocabulary of {len(ranks):,} byte-pair "
-          f"tokens" + (f", plus {special} special" if special > 0 else "") + ")")
+          f"tokens" + (f"; the model's {m.config.vocab_size:,} ids hold {others} more, special" if others > 0 else "")
+          + ")")
     print(f"your ids {'match' if same else 'DO NOT match'} the engine's"
           + ("" if same else f" (first difference at token {_first_difference(mine, engine)})"))
     print(f"time: yours {yours_s * 1e3:.0f} ms in Python, tiktoken {engine_s * 1e3:.1f} ms in Rust")

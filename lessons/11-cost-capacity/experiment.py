@@ -45,7 +45,7 @@ def capacity(impl: ModuleType, model: str, hardware: str, precision: str) -> tup
     users = impl.users_served(speeds, cap, FLOOR)
     # a batch past what fits shows no speed: the simulator would run only cap of its requests at once
     rows = [(b, s.user_tokens_per_second.value, s.decode_throughput.value, "yes") if b <= cap
-            else (b, "—", "—", f"no ({cap} fit)") for b, s in sims.items()]
+            else (b, None, None, f"no ({cap} fit)") for b, s in sims.items()]
     return rows, users, speeds[1], one.ttft.value
 
 

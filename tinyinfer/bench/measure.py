@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from tinyinfer.display import progress
+from tinyinfer.runners import threads
 from tinyinfer.engine_config import DEFAULTS
 from tinyinfer.simulate.calibrate import (
     DEVICE_PRESETS,
@@ -59,12 +60,21 @@ COPY_BYTES = {"cuda": 2 << 30, "cpu": 1 << 30}  # far beyond every cache (docs/b
 def measure_copy_bandwidth(device: str, nbytes: int | None = None, repeats: int = 5) -> float:
     """Bytes/s of a device-to-device copy, counting the read and the write: the roofline's
     denominator. On a GPU each copy is timed with CUDA events (no host round trip in the
-    interval), the median of ``repeats`` after a warm-up; on the CPU NumPy's copy (one thread,
-    as memcpy: the NumPy path needs no torch) with the host clock."""
+    interval), the median of ``repeats`` after a warm-up; on the CPU NumPy's copy (the NumPy
+    path needs no torch), in as many slices at once as the runs' thread count (``threads``:
+    NumPy lets go of the interpreter lock while it copies), with the host clock."""
     if not device.startswith("cuda"):
+        from concurrent.futures import ThreadPoolExecutor
+
         src_host = np.ones((nbytes or COPY_BYTES["cpu"]) // 4, dtype=np.float32)
         dst_host = np.empty_like(src_host)
-        seconds = median_seconds(lambda: np.copyto(dst_host, src_host), device, repeats)
+        count = threads.default_threads()  # what threads.use set for this run
+        cuts = np.linspace(0, src_host.size, count + 1, dtype=np.int64)
+        pieces = [(dst_host[a:b], src_host[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+        with ThreadPoolExecutor(count) as pool:
+            def copy() -> None:
+                list(pool.map(lambda piece: np.copyto(*piece), pieces))
+            seconds = median_seconds(copy, device, repeats)
         return 2 * src_host.nbytes / seconds
     import torch
 

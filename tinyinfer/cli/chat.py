@@ -110,10 +110,10 @@ class ChatSession:
             self.engine.abort_request(request)
         completion = self.engine.completion(request)
         self.engine.release(request)
-        if completion.finish_reason == "length":  # say so: a reply cut mid-sentence looks like a bug
-            cause = (f"--max-tokens {self.params.max_tokens}" if len(completion.token_ids) >= self.params.max_tokens
-                     else "the model's context is full")
-            out.write(f" [cut: {cause}]")
+        # "length" is --max-tokens here (a reply that would outgrow the context is refused at
+        # add_request); say so: a reply cut mid-sentence looks like a bug
+        if completion.finish_reason == "length":
+            out.write(f" [cut: --max-tokens {self.params.max_tokens}]")
         out.write("\n")
         answer = "".join(chunks).strip()
         self.messages = [*messages, {"role": "assistant", "content": answer}]

@@ -79,12 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "speculative: plain vs speculative greedy decode (C10)")
     add_model_args(bench)
     bench.add_argument("--preset", default=None,
-                       help="random weights of a real shape instead of --model: "
-                            "gpt2, llama-3.2-1b, qwen2.5-0.5b, llama-3-8b (always the torch "
+                       help="random weights of a real shape instead of --model (latency, throughput, "
+                            "speculative): gpt2, llama-3.2-1b, qwen2.5-0.5b, llama-3-8b (always the torch "
                             "runner; --runner is ignored)")
     bench.add_argument("--peer", choices=("transformers", "llama.cpp"), default=None,
-                       help="also run Hugging Face transformers generate on the same weights, or "
-                            "llama.cpp on the same GGUF file and thread count (latency)")
+                       help="also run Hugging Face transformers generate on the same weights (latency, "
+                            "throughput), or llama.cpp on the same GGUF file and thread count (latency)")
     bench.add_argument("--requests", type=positive_int, default=None, metavar="N",
                        help="requests (default: batching 200, throughput 256)")
     bench.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
@@ -127,6 +127,8 @@ WORKLOAD_OPTIONS: dict[str, dict[str, object]] = {
     "system_tokens": {"prefix": 512},
     "requests": {"batching": 200, "throughput": 256},
     "max_num_seqs": {"batching": DEFAULTS.max_num_seqs, "throughput": 256},
+    "preset": {"latency": None, "throughput": None, "speculative": None},
+    "peer": {"latency": None, "throughput": None},
     **{name: {"speculative": default} for name, default in SPECULATIVE_DEFAULTS.items()},
 }
 # The drafters that run a draft model (the ones --draft-model and --draft-quantize apply to).
@@ -141,9 +143,13 @@ def workload_options(args: argparse.Namespace) -> None:
         given = getattr(args, name) is not None and getattr(args, name) is not False  # 0.0 is given
         if given and args.workload not in defaults:
             refused.setdefault(tuple(defaults), []).append(f"--{name.replace('_', '-')}")
-    for workloads, flags in refused.items():
-        where = f"{workloads[0]} only" if len(workloads) == 1 else " and ".join(workloads)
-        raise TinyInferError(f"{', '.join(flags)} applies to bench {where}: drop it for bench {args.workload}")
+    if refused:
+        said = []
+        for workloads, flags in refused.items():
+            where = f"{workloads[0]} only" if len(workloads) == 1 else ", ".join(workloads[:-1]) + f" and {workloads[-1]}"
+            said.append(f"{', '.join(flags)} {'applies' if len(flags) == 1 else 'apply'} to bench {where}")
+        them = "it" if sum(map(len, refused.values())) == 1 else "them"
+        raise TinyInferError(f"{'; '.join(said)}: drop {them} for bench {args.workload}")
     for name, defaults in WORKLOAD_OPTIONS.items():
         if getattr(args, name) is None:
             setattr(args, name, defaults.get(args.workload))

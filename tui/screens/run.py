@@ -157,7 +157,9 @@ class RunScreen(Screen):
                 if cls.SWAPPABLE:
                     panel.add_class("swap")
                 yield panel.data_bind(**{name: getattr(RunScreen, name) for name in cls.BINDS})
-        yield Footer(compact=True)
+        footer = Footer()
+        footer.compact = True  # 80 columns hold every key (a reactive in every Textual this project takes)
+        yield footer
 
     def on_mount(self) -> None:
         self._timer = self.set_interval(self.options.run_interval, self._tick, pause=True)

@@ -74,7 +74,7 @@ class PagesPanel(Panel):
         if pool.num_pages > room:
             out.append(f" +{pool.num_pages - room}", "dim")
         out.append("\n" + (events(trace) if trace else frame.note), "italic")
-        out.append("\nN seq ×n shared ○ free, cached · free", "dim")
+        out.append("\nN seq  ×n shared  ○ cached  · free", "dim")
         if pool.ranks:
             out.append(f"\npages split by KV head over {len(pool.ranks)} ranks", "dim")
         return out

@@ -18,7 +18,11 @@ class TokenizerError(TinyInferError):
 
 
 class SamplingParamsError(TinyInferError):
-    """A sampling parameter is out of range or of the wrong type."""
+    """A sampling parameter is out of range or of the wrong type; ``field`` names it."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:  # one argument: it unpickles
+        super().__init__(message)
+        self.field = field
 
 
 class PromptError(TinyInferError):

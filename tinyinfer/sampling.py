@@ -35,7 +35,7 @@ PLUG_POINTS = ("probs_from_logits", "sample_from_probs")
 def _fail(name: str, value: object, valid: str) -> SamplingParamsError:
     """Build the error for one bad parameter: its name, the bad value and the valid range."""
     got = value if isinstance(value, (int, float)) else f"{type(value).__name__} {value}"
-    return SamplingParamsError(f"{name} must be {valid} (got {got})")
+    return SamplingParamsError(f"{name} must be {valid} (got {got})", name)
 
 
 def _is_int(value: object) -> bool:

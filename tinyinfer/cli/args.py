@@ -140,8 +140,10 @@ def sampling_params(args: argparse.Namespace, stop: tuple[str, ...] = ()):
             seed=args.seed, stop=(*stop, *args.stop),
         )
     except SamplingParamsError as exc:  # "<field> must be ...": the field is a flag here
-        field, rest = str(exc).split(" ", 1)
-        raise TinyInferError(f"--{field.replace('_', '-')} {rest}") from None
+        if exc.field is None:
+            raise
+        flag = f"--{exc.field.replace('_', '-')}"
+        raise TinyInferError(flag + str(exc).removeprefix(exc.field)) from None
 
 
 def runner_options(args: argparse.Namespace, preset: bool = False) -> dict[str, object]:

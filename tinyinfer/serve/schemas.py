@@ -78,7 +78,7 @@ def engine_error(exc: TinyInferError, input_field: str | None = None) -> APIErro
     code = "context_length_exceeded" if isinstance(exc, ContextOverflowError) else None
     param = None
     if isinstance(exc, SamplingParamsError):
-        param = str(exc).split(" ", 1)[0]
+        param = exc.field
     elif isinstance(exc, PromptError):
         param = input_field
     return bad_request(str(exc), param=param, code=code)

@@ -130,6 +130,7 @@ def tinyinfer_cli(*argv: str) -> subprocess.CompletedProcess:
     (["generate", "hi", "--temperature", "-1"], "--temperature must be"),
     (["generate", "hi", "--top-p", "2"], "--top-p must be"),
     (["generate", "hi", "--repetition-penalty", "0"], "--repetition-penalty must be"),
+    (["generate", "hi", "--seed", "-1"], "--seed must be an integer >= 0 or unset (got -1)"),
     (["simulate", "--calibrate", "missing.json"],
      "cannot read recorded tensor-parallel runs from missing.json: No such file or directory"),
 ])

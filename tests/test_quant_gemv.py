@@ -204,7 +204,7 @@ def test_tiles_of_the_fused_products_by_kind_and_shape():
     tiles = lambda config: (config.block_n, config.block_k, config.num_warps, config.num_stages)  # noqa: E731
     for n, k in ((6144, 4096), (14336, 4096), (8192, 2048)):  # 8B q|k|v, gate|up; 1B gate|up: 3 in flight
         assert tiles(pick_config(n, k, 8, 132, norm=True, gated=n != 6144)) == (16, 512, 2, 3)
-    assert tiles(pick_config(4096, 4096, 8, 132, norm=False, gated=False)) == (16, 512, 2, 4)  # 8B o
+    assert tiles(pick_config(4096, 4096, 8, 132, norm=False, gated=False)) == (8, 512, 2, 4)  # 8B o
     for n, k, norm in ((3072, 2048, True), (2048, 2048, False), (2048, 8192, False), (4096, 14336, False)):
         assert tiles(pick_config(n, k, 8, 132, norm=norm, gated=False)) == (8, 1024, 2, 4)  # 1B q|k|v, o; down
     # an LM head of short rows keeps 16 rows

@@ -120,7 +120,7 @@ class SamplingParams:
             ),
             "seed": None
             if self.seed is None
-            else _check_int("seed", self.seed, 0, None, "None or an integer >= 0"),
+            else _check_int("seed", self.seed, 0, None, "an integer >= 0 or unset"),
             "stop": _check_stop(self.stop),
             "stop_token_ids": _check_stop_token_ids(self.stop_token_ids),
             "logprobs": None
@@ -130,7 +130,7 @@ class SamplingParams:
                 self.logprobs,
                 0,
                 MAX_LOGPROBS,
-                f"None or an integer in [0, {MAX_LOGPROBS}]",
+                f"an integer in [0, {MAX_LOGPROBS}] or unset",
             ),
         }
         if not isinstance(self.ignore_eos, (bool, np.bool_)):

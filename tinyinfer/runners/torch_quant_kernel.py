@@ -57,6 +57,8 @@ from tinyinfer.runners.triton_env import INTERPRETED
 
 ELEMENTWISE_ROWS = {4: 2, 8: 1}  # up to this many rows of x: the elementwise program (a row each)
 MAX_ROWS_PER_TILE = 64  # rows of activations one program multiplies (more rows: more programs)
+MANY_OUTPUTS = 32768  # an int8 one-row product with this many outputs (an LM head; more than any
+# layer product of the measured shapes, the 8B gate|up's 28,672) takes 16-row tiles
 
 
 class Config(NamedTuple):
@@ -269,8 +271,11 @@ def one_row_config(n: int, k: int, bits: int, tma: bool) -> Config:
     26.3 against 28.0 us, the head 98.7 against 111.3), else 8 rows by 512 inputs: the down
     products' long rows too (64 x 256 on four warps, split in four, was faster alone, 17.1
     against 19.6 us, and slower inside the model's step, 17.6 against 17.1)."""
-    if bits == 8:  # 16 x 512 for long rows (8B down 24.6 against 25.4 us), else 8 x 256
-        return Config(16 if k >= 2 * n else 8, 512 if k >= 2 * n else 256, num_warps=2, num_stages=4, tma=tma)
+    if bits == 8:  # 16 x 512 for long rows (8B down 24.6 against 25.4 us) and a vocabulary's many
+        # outputs (an H200's 8B LM head 122.0 against 140.8 us, 1B 68.3 against 79.9; level on an
+        # H100), else 8 x 256 (the 1B gate|up 13.2 against 14.9 on the H200)
+        wide = k >= 2 * n or n >= MANY_OUTPUTS
+        return Config(16 if wide else 8, 512 if wide else 256, num_warps=2, num_stages=4, tma=tma)
     return Config(16 if n >= 8192 else 8, 512, num_warps=2, num_stages=3, tma=tma)
 
 

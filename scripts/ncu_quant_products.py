@@ -1,13 +1,14 @@
-"""The 8B shape's one-row products, bf16 and quantized, each launched once, for Nsight Compute (CUDA).
+r"""The 8B shape's one-row products, bf16 and quantized, each profiled once by Nsight Compute (CUDA).
 
 Each product is called twice: the first round compiles, the second is the one to profile (skip
 the first 12 launches). What docs/quantization.md reports ("What bounds the quantized products")
 came from:
 
-    ncu --clock-control none --kernel-name regex:"_fused_quant_kernel|_gemv_kernel" --launch-skip 12 \\
-        --launch-count 12 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
-        --section SchedulerStats --section Occupancy --section LaunchStats --section InstructionStats \\
-        --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio \\
+    PYTHONPATH=. ncu --clock-control none --kernel-name 'regex:_fused_quant_kernel|_gemv_kernel' \
+        --launch-skip 12 --launch-count 12 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+        --section InstructionStats \
+        --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
         --csv --page details python3 scripts/ncu_quant_products.py > ncu.csv
 
 The products are those of a decode step (``torch_triton_gemv.gemv``: bf16 weights, or the

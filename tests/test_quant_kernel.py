@@ -227,7 +227,8 @@ def test_tiles_split_k_until_the_processors_have_work_and_not_past_two_steps_a_s
     assert gate_up.block_n == 16 and qk.pick_config(1, 4096, 4096, 4, 132).block_n == 8  # 16 rows for many outputs
     assert qk.pick_config(1, 4096, 4096, 4, 132).split_k == 1  # 512 tiles: no processor idles
     assert qk.pick_config(1, 512, 4096, 4, 132).split_k == 4  # 64 tiles -> 256 programs
-    head = qk.pick_config(1, 128256, 4096, 8, 132)  # int8: 16 x 512 for a vocabulary's outputs, else 8 x 256
+    head = qk.pick_config(1, 128256, 4096, 8, 132)  # int8: 16 x 512 for a vocabulary's outputs (and
+    # long rows), else 8 x 256
     assert (head.block_n, head.block_k) == (16, 512) and qk.pick_config(1, 28672, 4096, 8, 132).block_n == 8
     small = qk.pick_config(1, 1024, 1024, 8, 132)
     assert small.block_n == 8 and small.split_k == 2  # 128 tiles -> 256 programs

@@ -30,7 +30,13 @@ if tuple(int(p) for p in triton.__version__.split(".")[:2]) <= (3, 6):  # fixed 
 """
 
 
-def run_interpreted(code: str, timeout: int = 600) -> None:
+# A guard against a hung subprocess, not a bound on speed: the interpreter runs a kernel's every
+# program in Python, and on a shared 2-core machine one model's decode through it took more
+# than 600 s while other test runs shared the cores.
+HANG_GUARD_S = 3600
+
+
+def run_interpreted(code: str, timeout: int = HANG_GUARD_S) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
         filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-c", RANGE_FIX + code], env=env, capture_output=True, text=True,

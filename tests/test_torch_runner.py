@@ -209,7 +209,7 @@ def test_triton_decode_kernel_matches_torch_version_in_interpreter(kv_cache_dtyp
         "        assert all(torch.equal(a, b) for a, b in zip(cache, ref_cache))\n"
         "print('ok')\n"
     )
-    run_interpreted(code, timeout=300)
+    run_interpreted(code)
 
 
 # q new tokens for each of three sequences, as a verification step feeds the attention: the

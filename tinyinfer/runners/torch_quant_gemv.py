@@ -283,20 +283,21 @@ def _fused_quant_kernel(
 def pick_config(n: int, k: int, bits: int, processors: int, tma: bool = False, *, norm: bool,
                 gated: bool) -> Config:
     """The one-row program's tiles, measured fastest on an H100 at the 1B and 8B shapes (the int8
-    o: on an H200, and level on an H100; docs/quantization.md). Products other than gate|up over short rows (K up to SHORT_ROWS, not
-    an LM head's many outputs: the 1B q|k|v and o) or long ones (K from LONG_ROWS: the down
-    products): 8 rows by 1024 inputs a step on two warps, 3 steps in flight for int4, 4 for int8
+    o: on an H200, and level on an H100; docs/quantization.md). Products other than gate|up over
+    short rows (K up to SHORT_ROWS, not an LM head's many outputs: the 1B q|k|v and o) or long
+    ones (K from LONG_ROWS: the down products): 8 rows by 1024 inputs a step on two warps, 3
+    steps in flight for int4, 4 for int8
     (int8: 1B q|k|v 6.0 against 7.1 us, o 4.4 against 5.7, down 9.5 against 11.4, 8B down 24.4
     against 24.8; int4: 1B q|k|v 6.1 against 6.7, o 4.2 against 4.8, down 8.3 against 9.4, 8B
     down 17.5 against 19.4 in an earlier call; the 1B int8 head 117.3 against 97.1). The
-    others without a norm (the 8B o; the layer functions give every gated product a norm): int4 64 rows by 256 on four warps (1B o 4.8 against 5.4
-    us before the short-row tiles), int8 8 rows by 512 on two warps, 4 steps in flight (8B o on
-    an H200 8.8 against 9.3 us with 16 rows, on an H100 9.3-9.6 against 9.5-9.6). With a norm:
-    BLOCK_N rows by 512 on two warps, 3 steps in flight (8B int8 q|k|v 13.7 against 14.9 us with
-    4, gate|up 46.6 against 49.0). K split only while the output tiles leave multiprocessors
-    idle, and never under a norm (each program sums the whole row's squares). n: outputs (a gated product's
-    programs read a gate and an up row of each); norm, gated: what the choice depends on, given
-    by every caller."""
+    others without a norm (the 8B o; the layer functions give every gated product a norm): int4
+    64 rows by 256 on four warps (1B o 4.8 against 5.4 us before the short-row tiles), int8 8
+    rows by 512 on two warps, 4 steps in flight (8B o on an H200 8.8 against 9.3 us with 16
+    rows, on an H100 9.3-9.6 against 9.5-9.6). With a norm: BLOCK_N rows by 512 on two warps, 3
+    steps in flight (8B int8 q|k|v 13.7 against 14.9 us with 4, gate|up 46.6 against 49.0). K
+    split only while the output tiles leave multiprocessors idle, and never under a norm (each
+    program sums the whole row's squares). n: outputs (a gated product's programs read a gate
+    and an up row of each); norm, gated: what the choice depends on, given by every caller."""
     if not gated and ((k <= SHORT_ROWS and n <= SHORT_ROWS_OUTPUTS) or k >= LONG_ROWS):
         config = Config(8, 1024, num_warps=2, num_stages=3 if bits == 4 else 4, tma=tma)
     elif not norm:

@@ -269,8 +269,9 @@ def one_row_config(n: int, k: int, bits: int, tma: bool) -> Config:
     two warps; int4 3 steps in flight, int8 4. For int4, 16 weight rows a program where there
     are many outputs (each program's per-step work, its loads and their waits, spread over more
     weights: inside the 8B int4 model's step, gate|up 26.3 against 28.0 us, the head 98.7
-    against 111.3), else 8 rows by 512 inputs: the down products' long rows too (64 x 256 on four warps, split in four, was faster alone, 17.1
-    against 19.6 us, and slower inside the model's step, 17.6 against 17.1)."""
+    against 111.3), else 8 rows by 512 inputs: the down products' long rows too (64 x 256 on
+    four warps, split in four, was faster alone, 17.1 against 19.6 us, and slower inside the
+    model's step, 17.6 against 17.1)."""
     if bits == 8:  # 16 x 512 for long rows (8B down 24.6 against 25.4 us) and a vocabulary's many
         # outputs (an H200's 8B LM head 122.0 against 140.8 us, 1B 68.3 against 79.9; level on an
         # H100), else 8 x 256 (the 1B gate|up 13.2 against 14.9 on the H200)

@@ -12,7 +12,8 @@ the first three launches of the kernel). What docs/quantization.md reports for i
         --csv --page details python3 scripts/ncu_decode_attention.py > ncu.csv
 
 The variants, in launch order: bf16 K/V (64 keys a step), int8 K/V (128 keys a step, the
-default), int8 K/V at 64 keys a step (``KEY_TILE_ELEMENTS`` halved).
+default), int8 K/V at 64 keys a step (``KEY_TILE_ELEMENTS`` halved). The docs' table has them
+before and after the kernel converted each tile where it is used.
 """
 
 from __future__ import annotations
